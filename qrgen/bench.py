@@ -1,0 +1,100 @@
+"""Timing qrgen against torch.geqrf in one run: CUDA events, warm-up, L2 flushed, fresh inputs, median."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+REFERENCE_CASES = ((20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (60, 1024, 1024),
+                   (8, 2048, 2048), (2, 4096, 4096))
+SINGLE_TALL_CASES = ((1, 4096, 4096), (1, 2048, 2048), (1, 4096, 1024), (1, 8192, 512), (1, 100000, 32),
+                     (1, 40000, 256))
+FLUSH_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Timing:
+    batch: int
+    m: int
+    n: int
+    qrgen_us: float
+    torch_us: float | None
+    factor: float
+    orthogonality: float
+    passed: bool
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.torch_us is None else self.torch_us / self.qrgen_us
+
+
+def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str = "cupy") -> float:
+    """Median of reps runs of fn(x), x cycling through inputs, L2 flushed before each; events on the
+    framework's current stream (the stream the work runs on)."""
+    import cupy
+
+    flush = cupy.empty(FLUSH_BYTES // 4, dtype=cupy.float32)
+    if framework == "torch":
+        import torch
+
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        elapsed_ms = lambda: start.elapsed_time(stop)  # noqa: E731
+    else:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        elapsed_ms = lambda: cupy.cuda.get_elapsed_time(start, stop)  # noqa: E731
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    times = []
+    for i in range(reps):
+        x = inputs[i % len(inputs)]
+        flush.fill(float(i))
+        cupy.cuda.runtime.deviceSynchronize()
+        start.record()
+        fn(x)
+        stop.record()
+        stop.synchronize()
+        times.append(elapsed_ms() * 1e3)
+    return statistics.median(times)
+
+
+def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True, torch_reps: int = 5,
+             seed: int = 0) -> Timing:
+    """Time qrgen.geqrf (CuPy arrays) and torch.geqrf (on the same stream, same inputs) and check the gates."""
+    import cupy
+
+    from .check import check
+    from .runtime import geqrf
+    from .testing import mixed
+
+    rng = np.random.default_rng(seed)
+    sets = max(2, min(4, (1 << 30) // max(1, batch * m * n * 4)))
+    inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(sets)]
+    geqrf(inputs[0])  # build or load the kernels outside the timing
+    cupy.cuda.get_current_stream().synchronize()
+    qrgen_us = median_time_us(geqrf, inputs, reps)
+    torch_us = None
+    if with_torch:
+        import torch
+
+        tinputs = [torch.from_dlpack(x) for x in inputs]
+        torch_us = median_time_us(torch.geqrf, tinputs, torch_reps, warmup=1, framework="torch")
+    # The gates on a batch of every stress family (at most 64 matrices of this shape are checked on the host).
+    check_batch = max(1, min(batch, 64 if m * n <= 1 << 20 else 4))
+    a, _ = mixed(m, n, check_batch, seed=seed + 1)
+    h, tau = geqrf(cupy.asarray(a))
+    result = check(a, h, tau)
+    f, o = result.worst()
+    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok)
+
+
+def table(rows: list[Timing]) -> str:
+    lines = ["| batch x shape | qrgen µs | torch.geqrf µs | speed-up | factor | orthogonality | gates |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        shape = f"{r.m}²" if r.m == r.n else f"{r.m}x{r.n}"
+        torch_us = "—" if r.torch_us is None else f"{r.torch_us:,.0f}"
+        speed = "—" if r.speedup is None else f"{r.speedup:.1f}x"
+        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} | {torch_us} | {speed} | {r.factor:.2f} | "
+                     f"{r.orthogonality:.2f} | {'pass' if r.passed else 'FAIL'} |")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""`qrgen build`: schedule -> rendered kernels -> compiled binaries -> an importable module under generated/."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, codegen
+from .compile import Binary, compile_many
+from .problem import Problem, Target
+from .schedule import SCHEDULE_DIR, Schedule, find
+
+GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
+
+
+@dataclass(frozen=True)
+class Generated:
+    name: str
+    module_path: Path
+    kernel_paths: tuple[Path, ...]
+    schedule: Schedule
+    origin: str
+
+
+def module_name(problem: Problem, target: Target) -> str:
+    suffix = "" if target.arch == "sm_90" else f"_{target.arch}"
+    return f"qr_{problem.m}x{problem.n}_b{problem.batch}{suffix}"
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Atomic write, skipped when the file already holds exactly this text."""
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def render_module(problem: Problem, target: Target, schedule_root: Path | None = None):
+    """(module name, module text, {kernel name: source}, schedule, origin) without touching the disk."""
+    schedule, origin = find(problem, target, schedule_root)
+    root = Path(schedule_root or SCHEDULE_DIR).resolve()
+    if origin != "default (heuristic)":
+        path = Path(origin).resolve()
+        origin = f"schedules/{path.relative_to(root).as_posix()}" if path.is_relative_to(root) else path.name
+    name = module_name(problem, target)
+    sources = {r.name: r.source for r in codegen.render_all(schedule, target.arch, target.backend)}
+    text = codegen.environment().get_template("python/module.py.j2").render(
+        version=__version__, m=problem.m, n=problem.n, batch=problem.batch, arch=target.arch, name=name,
+        origin=origin, describe=schedule.describe(), schedule_json=json.dumps(schedule.to_json(), indent=4))
+    return name, text, sources, schedule, origin
+
+
+def generate(problem: Problem, target: Target, out_dir: Path | None = None,
+             schedule_root: Path | None = None) -> Generated:
+    out_dir = Path(out_dir or GENERATED_DIR)
+    name, text, sources, schedule, origin = render_module(problem, target, schedule_root)
+    kernel_dir = out_dir / name
+    kernel_paths = []
+    for kernel, source in sources.items():
+        path = kernel_dir / f"{kernel}.cu"
+        write_if_changed(path, source)
+        kernel_paths.append(path)
+    if kernel_dir.exists():  # kernels a previous schedule needed and this one does not
+        for stale in kernel_dir.glob("*.cu"):
+            if stale not in kernel_paths:
+                stale.unlink()
+    module_path = out_dir / f"{name}.py"
+    write_if_changed(module_path, text)
+    init = out_dir / "__init__.py"
+    if not init.exists():
+        write_if_changed(init, '"""Modules written by `qrgen build`."""\n')
+    return Generated(name, module_path, tuple(kernel_paths), schedule, origin)
+
+
+def build(problem: Problem, target: Target, out_dir: Path | None = None, schedule_root: Path | None = None,
+          compile_kernels: bool = True, jobs: int | None = None, log=print) -> tuple[Generated, list[Binary]]:
+    start = time.perf_counter()
+    gen = generate(problem, target, out_dir, schedule_root)
+    log(f"schedule for {problem.m}x{problem.n}, batch {problem.batch}, {target.arch}: {gen.origin}")
+    log(f"  {gen.schedule.describe()}")
+    binaries: list[Binary] = []
+    if compile_kernels:
+        sources = [(p.stem, p.read_text()) for p in gen.kernel_paths]
+        log(f"compiling {len(sources)} kernel(s) with NVRTC for {target.arch}")
+
+        def report(b: Binary) -> None:
+            how = "cached" if b.cached else f"{b.seconds:.1f} s"
+            log(f"  {b.name}: {b.registers} registers, {b.spill_bytes} bytes spilled, "
+                f"{b.stack_bytes} bytes stack ({how})")
+
+        binaries = compile_many(sources, target.arch, jobs=jobs, progress=report)
+    log(f"wrote {gen.module_path} and {len(gen.kernel_paths)} kernel source(s) in "
+        f"{gen.module_path.with_suffix('')}/ ({time.perf_counter() - start:.1f} s)")
+    return gen, binaries

@@ -1,0 +1,89 @@
+"""Accuracy of a factorization, per matrix, in float64: the gates every qrgen result must pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EPS32 = float(np.finfo(np.float32).eps)
+FACTOR_GATE = 20.0
+ORTHOGONALITY_GATE = 100.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    factor: np.ndarray  # ||R - Q^T A||_1 / (||A||_1 n eps32), per matrix
+    orthogonality: np.ndarray  # ||Q^T Q - I||_1 / (n eps32), per matrix
+    factor_gate: float = FACTOR_GATE
+    orthogonality_gate: float = ORTHOGONALITY_GATE
+
+    @property
+    def passed(self) -> np.ndarray:
+        # NaN fails: the comparisons are written so that NaN is never <= a gate.
+        return (self.factor <= self.factor_gate) & (self.orthogonality <= self.orthogonality_gate)
+
+    @property
+    def ok(self) -> bool:
+        return bool(np.all(self.passed))
+
+    def worst(self) -> tuple[float, float]:
+        return float(np.max(self.factor, initial=0.0)), float(np.max(self.orthogonality, initial=0.0))
+
+    def __str__(self) -> str:
+        f, o = self.worst()
+        bad = int(np.size(self.passed) - np.count_nonzero(self.passed))
+        return (f"factor {f:.3g} (gate {self.factor_gate:g}), orthogonality {o:.3g} "
+                f"(gate {self.orthogonality_gate:g}): {'pass' if self.ok else f'{bad} matrices fail'}")
+
+
+def to_numpy(x) -> np.ndarray:
+    """A host copy of a NumPy, CuPy or torch array."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "get") and type(x).__module__.startswith("cupy"):
+        return x.get()
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def check(a, h, tau, factor_gate: float = FACTOR_GATE, orthogonality_gate: float = ORTHOGONALITY_GATE) -> CheckResult:
+    """Scaled factor residual and orthogonality of (h, tau) as the geqrf of a, per matrix, in float64.
+
+    a, h: (..., m, n); tau: (..., min(m, n)); NumPy, CuPy or torch arrays.
+    """
+    from scipy.linalg import lapack
+
+    a64 = to_numpy(a).astype(np.float64)
+    h64 = to_numpy(h).astype(np.float64)
+    t64 = to_numpy(tau).astype(np.float64)
+    if a64.shape != h64.shape or a64.ndim < 2:
+        raise ValueError(f"a and h must have the same shape (..., m, n); got {a64.shape} and {h64.shape}")
+    m, n = a64.shape[-2:]
+    k = min(m, n)
+    if t64.shape != a64.shape[:-2] + (k,):
+        raise ValueError(f"tau must have shape {a64.shape[:-2] + (k,)}; got {t64.shape}")
+    a64 = a64.reshape(-1, m, n)
+    h64 = h64.reshape(-1, m, n)
+    t64 = t64.reshape(-1, k)
+    batch = a64.shape[0]
+    factor = np.zeros(batch)
+    orth = np.zeros(batch)
+    for i in range(batch):
+        if k == 0:
+            continue
+        if not (np.all(np.isfinite(h64[i])) and np.all(np.isfinite(t64[i]))):
+            factor[i] = orth[i] = np.nan
+            continue
+        v = np.asfortranarray(h64[i][:, :k])
+        qta, _, info = lapack.dormqr("L", "T", v, t64[i], np.asfortranarray(a64[i]), max(1, n) * 64)
+        assert info == 0
+        r = np.triu(h64[i])
+        norm_a = np.abs(a64[i]).sum(axis=0).max()
+        diff = np.abs(r - qta).sum(axis=0).max()
+        factor[i] = diff / (max(norm_a, np.finfo(np.float64).tiny) * n * EPS32)
+        q, _, info = lapack.dorgqr(v, t64[i], max(1, k) * 64)
+        assert info == 0
+        orth[i] = np.abs(q.T @ q - np.eye(k)).sum(axis=0).max() / (n * EPS32)
+    lead = to_numpy(a).shape[:-2]
+    return CheckResult(factor.reshape(lead), orth.reshape(lead), factor_gate, orthogonality_gate)

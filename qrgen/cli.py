@@ -1,0 +1,119 @@
+"""The qrgen command: build a module for a shape, or time qrgen against torch.geqrf."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __version__
+from .problem import Problem, Target, parse_shape
+
+
+def _default_arch() -> str:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return f"sm_{cupy.cuda.Device(0).compute_capability}"
+    except Exception:  # no driver or no device: build for the H200
+        pass
+    return "sm_90"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _case(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a case is BATCHxMxN with positive integers, such as 60x1024x1024; "
+                                         f"got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qrgen", description="Batched QR factorization with kernels generated per shape.")
+    p.add_argument("--version", action="version", version=f"qrgen {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="write generated/qr_<m>x<n>_b<batch>.py and its kernels, and compile them",
+                       description="Pick the schedule (a tuned file under schedules/<arch>/, else the default "
+                                   "heuristic), render its kernels, compile them with NVRTC (cached on disk) and "
+                                   "write an importable module with geqrf(a) for that shape.")
+    b.add_argument("--shape", type=_shape, required=True, metavar="MxN", help="matrix shape, such as 1024x1024")
+    b.add_argument("--batch", type=_positive, default=1,
+                   help="number of matrices the schedule is chosen for (the module takes any batch); default 1")
+    b.add_argument("--arch", default=None,
+                   help="target architecture such as sm_90; default: this machine's GPU, else sm_90")
+    b.add_argument("--out", type=Path, default=None, help="directory for the module (default: generated/)")
+    b.add_argument("--schedules", type=Path, default=None,
+                   help="directory of schedule files, one folder per arch (default: schedules/)")
+    b.add_argument("--no-compile", action="store_true", help="write the module and sources, compile nothing")
+    b.add_argument("--jobs", type=_positive, default=None, help="kernels compiled at once (default: CPU count)")
+
+    s = sub.add_parser("bench", help="time qrgen against torch.geqrf (needs a CUDA GPU)",
+                       description="For each case: qrgen's and torch.geqrf's median time (CUDA events, L2 "
+                                   "flushed, fresh inputs) in the same run, their ratio, and the accuracy gates "
+                                   "on a batch of every stress family. Prints a Markdown table.")
+    s.add_argument("cases", nargs="*", type=_case, metavar="BATCHxMxN",
+                   help="cases such as 60x1024x1024; default: the seven reference batches")
+    s.add_argument("--tall", action="store_true", help="the single and tall cases instead of the reference batches")
+    s.add_argument("--reps", type=_positive, default=20, help="timed runs of qrgen per case (default 20)")
+    s.add_argument("--no-torch", action="store_true", help="do not time torch.geqrf")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "build":
+        from .build import build
+
+        m, n = args.shape
+        try:
+            problem = Problem(m, n, args.batch)
+            target = Target("cuda", args.arch or _default_arch())
+            build(problem, target, args.out, args.schedules, compile_kernels=not args.no_compile, jobs=args.jobs)
+        except (ValueError, RuntimeError, OSError) as exc:
+            print(f"qrgen build: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "bench":
+        from .bench import REFERENCE_CASES, SINGLE_TALL_CASES, run_case, table
+
+        cases = args.cases or (SINGLE_TALL_CASES if args.tall else REFERENCE_CASES)
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() == 0:
+                raise RuntimeError("no CUDA device")
+        except Exception as exc:
+            print(f"qrgen bench: error: needs a CUDA GPU ({exc})", file=sys.stderr)
+            return 2
+        rows = []
+        for batch, m, n in cases:
+            row = run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch)
+            torch_us = "—" if row.torch_us is None else f"{row.torch_us:,.0f} µs"
+            print(f"{batch} x {m}x{n}: qrgen {row.qrgen_us:,.1f} µs, torch.geqrf {torch_us}, "
+                  f"gates {'pass' if row.passed else 'FAIL'}", flush=True)
+            rows.append(row)
+        print(table(rows))
+        return 0
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())

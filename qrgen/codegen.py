@@ -1,0 +1,119 @@
+"""Rendering: (Problem, Target, Schedule) -> kernel source and the launch table that goes with it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .schedule import Schedule
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+# What differs between backends lives here, not in copied kernels.
+BACKENDS = {
+    "cuda": {"template": "cuda/qr.cu.j2", "suffix": ".cu"},
+}
+PRECISION_CODE = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compiled panel kernel: everything here is a compile-time constant of its source."""
+
+    name: str
+    variant: str
+    width: int
+    threads: int
+    blocks: int  # blocks per matrix
+    slots: int  # rows each thread holds
+    vec: int  # floats per global load
+    trail: bool  # columns right of the panel exist: write V^T and (VT)^T for the trailing update
+    columns: tuple[int, ...]  # first columns of the panels that use it
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One panel of the schedule: which kernel, where, and how many flag arrivals per block it makes."""
+
+    kernel: str
+    c0: int
+    width: int
+    rows: int
+    threads: int
+    blocks: int
+    barriers: int
+    trail: bool
+
+
+@dataclass(frozen=True)
+class Rendered:
+    name: str
+    source: str
+
+
+@lru_cache(maxsize=None)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+        autoescape=False,
+    )
+
+
+def _vec(*values: int) -> int:
+    for v in (4, 2, 1):
+        if all(x % v == 0 for x in values):
+            return v
+    return 1
+
+
+def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]]:
+    """The distinct kernels a schedule needs, and the launch of each panel in order."""
+    keys: dict[tuple, list[int]] = {}
+    launches = []
+    for panel, c0 in zip(schedule.panels, schedule.starts()):
+        rows = schedule.m - c0
+        slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
+        trail = c0 + panel.width < schedule.n
+        key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, _vec(schedule.n, c0, panel.width), trail)
+        keys.setdefault(key, []).append(c0)
+        launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
+                               blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 else 0),
+                               trail=trail))
+    kernels = tuple(
+        KernelSpec(_name(key), key[0], key[1], key[2], key[3], key[4], key[5], key[6], tuple(cols))
+        for key, cols in keys.items())
+    return kernels, tuple(launches)
+
+
+def _name(key: tuple) -> str:
+    variant, width, threads, blocks, slots, vec, trail = key
+    return f"qr_{variant}_w{width}_t{threads}_b{blocks}_s{slots}_v{vec}{'_trail' if trail else ''}"
+
+
+def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend: str = "cuda") -> Rendered:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+    template = environment().get_template(BACKENDS[backend]["template"])
+    source = template.render(
+        version=__version__,
+        m=schedule.m,
+        n=schedule.n,
+        k_total=min(schedule.m, schedule.n),
+        arch=arch,
+        gram_code=PRECISION_CODE[schedule.precision.gram],
+        k=kernel,
+    )
+    return Rendered(name=kernel.name, source=source)
+
+
+def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda") -> list[Rendered]:
+    kernels, _ = plan(schedule)
+    return [render(schedule, k, arch, backend) for k in kernels]

@@ -1,0 +1,103 @@
+"""The blocked algorithm of the generated kernels, in NumPy, following a schedule.
+
+float64: the exact reference (no rounding anywhere). float32: the kernels' arithmetic, with each trailing-update
+stage's inputs rounded as tf32, bf16 or fp16 would round them; tests use it to judge schedules and precision
+choices without a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .schedule import Schedule, default_schedule
+from .problem import Problem
+
+
+def round_to(x: np.ndarray, precision: str) -> np.ndarray:
+    """x (float32) rounded to the given input precision, returned as float32."""
+    if precision == "fp32" or x.dtype != np.float32:
+        return x
+    if precision == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(x).view(np.uint32)
+    if precision == "tf32":  # 10 mantissa bits, nearest, ties away from zero (cvt.rna.tf32.f32)
+        out = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    elif precision == "bf16":  # 7 mantissa bits, nearest, ties to even
+        out = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    else:
+        raise ValueError(f"precision must be fp32, tf32, bf16 or fp16; got {precision!r}")
+    finite = np.isfinite(x)
+    return np.where(finite, out.view(np.float32), x)
+
+
+def _panel(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unblocked Householder QR of a batch of panels p (batch, rows, width), in place; returns (tau, V)."""
+    batch, rows, width = p.shape
+    dt = p.dtype
+    tau = np.zeros((batch, width), dtype=dt)
+    for j in range(width):
+        alpha = p[:, j, j].copy()
+        tail = p[:, j + 1:, j]
+        sigma = np.einsum("bi,bi->b", tail, tail)
+        dots = np.einsum("bi,bik->bk", tail, p[:, j + 1:, j + 1:])
+        zero = sigma == 0
+        norm = np.sqrt(alpha * alpha + sigma)
+        beta = np.where(alpha >= 0, -norm, norm)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(zero, 0, (beta - alpha) / beta).astype(dt)
+            scale = np.where(zero, 1, 1 / (alpha - beta)).astype(dt)
+        beta = np.where(zero, alpha, beta)
+        f = t[:, None] * (p[:, j, j + 1:] + scale[:, None] * dots)  # tau * v^T c_k
+        p[:, j + 1:, j] *= scale[:, None]
+        p[:, j, j] = beta
+        p[:, j, j + 1:] -= f
+        p[:, j + 1:, j + 1:] -= p[:, j + 1:, j][:, :, None] * f[:, None, :]
+        tau[:, j] = t
+    v = np.tril(p, -1)
+    idx = np.arange(width)
+    v[:, idx, idx] = 1
+    return tau, v
+
+
+def _tmatrix(gram: np.ndarray, tau: np.ndarray) -> np.ndarray:
+    """T with H_0 ... H_{w-1} = I - V T V^T from G = V^T V and tau (LAPACK slarft, forward, columnwise)."""
+    batch, w = tau.shape
+    t = np.zeros((batch, w, w), dtype=tau.dtype)
+    for j in range(w):
+        t[:, j, j] = tau[:, j]
+        if j:
+            t[:, :j, j] = -tau[:, j, None] * np.einsum("bik,bk->bi", t[:, :j, :j], gram[:, :j, j])
+    return t
+
+
+def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """(h, tau) of a (..., m, n) in LAPACK's convention, computed panel by panel as the schedule says."""
+    a = np.asarray(a)
+    if a.ndim < 2:
+        raise ValueError(f"a must have shape (..., m, n); got {a.shape}")
+    m, n = a.shape[-2:]
+    lead = a.shape[:-2]
+    k = min(m, n)
+    h = np.array(a, dtype=dtype).reshape(-1, m, n)
+    tau = np.zeros((h.shape[0], k), dtype=dtype)
+    if h.size == 0:
+        return h.reshape(*lead, m, n), tau.reshape(*lead, k)
+    schedule = schedule or default_schedule(Problem(m, n, max(1, h.shape[0])))
+    if (schedule.m, schedule.n) != (m, n):
+        raise ValueError(f"schedule is for {schedule.m}x{schedule.n}, not {m}x{n}")
+    prec = schedule.precision
+    low = np.dtype(dtype) == np.float32
+    rnd = (lambda x, p: round_to(x, p)) if low else (lambda x, p: x)
+    for c0, panel in zip(schedule.starts(), schedule.panels):
+        w = panel.width
+        p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
+        t, v = _panel(p)
+        h[:, c0:, c0:c0 + w] = p
+        tau[:, c0:c0 + w] = t
+        if c0 + w < n:
+            vr = rnd(v, prec.gram)
+            gram = np.matmul(vr.transpose(0, 2, 1), vr)
+            z = np.matmul(v, _tmatrix(gram, t))
+            c = h[:, c0:, c0 + w:]
+            wmat = np.matmul(rnd(z, prec.project).transpose(0, 2, 1), rnd(c, prec.project))
+            h[:, c0:, c0 + w:] = c - np.matmul(rnd(v, prec.update), rnd(wmat, prec.update))
+    return h.reshape(*lead, m, n), tau.reshape(*lead, k)

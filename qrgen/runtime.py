@@ -1,0 +1,305 @@
+"""Running a schedule on the GPU: array interop (torch, CuPy, DLPack), kernel loading and the launch sequence."""
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import codegen
+from .compile import Binary, compile_many
+from .problem import Problem, Target
+from .schedule import Schedule, find
+
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUDA_R_32F = 0
+CUBLAS_GEMM_DEFAULT = -1
+COMPUTE_TYPE = {"fp32": 68, "fp16": 74, "bf16": 75, "tf32": 77}  # CUBLAS_COMPUTE_32F[_FAST_16F|_16BF|_TF32]
+_KDLCUDA = 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arrays in and out
+
+
+@dataclass
+class _Array:
+    """The input seen as a CuPy array (no copy), and how to hand results back as the caller's kind."""
+
+    data: object  # cupy.ndarray
+    kind: str  # "torch", "cupy" or a module name with from_dlpack
+    stream_ptr: int | None  # the caller's current stream (torch), None for CuPy's current stream
+    wrap: object = field(default=None)
+
+
+def _describe(a) -> str:
+    return f"{type(a).__module__}.{type(a).__qualname__}"
+
+
+def as_device_array(a) -> _Array:
+    """Accept a torch.Tensor, cupy.ndarray or any object with __dlpack__ on a CUDA device, without copying."""
+    import cupy
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        if a.device.type != "cuda":
+            raise TypeError(f"qrgen needs a CUDA tensor; got a torch.Tensor on {a.device}: move it with a.cuda()")
+        _check_dtype(str(a.dtype).replace("torch.", ""))
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        with cupy.cuda.Device(a.device.index):
+            data = cupy.from_dlpack(a.detach()) if a.numel() else cupy.empty(tuple(a.shape), cupy.float32)
+        return _Array(data, "torch", stream, torch.from_dlpack)
+    if isinstance(a, cupy.ndarray):
+        _check_dtype(str(a.dtype))
+        return _Array(a, "cupy", None, lambda x: x)
+    if isinstance(a, np.ndarray) or not hasattr(a, "__dlpack__"):
+        hint = " (a NumPy array lives on the host: use cupy.asarray(a))" if isinstance(a, np.ndarray) else ""
+        raise TypeError(f"qrgen takes a float32 array on a CUDA device (torch.Tensor, cupy.ndarray or any "
+                        f"__dlpack__ array); got a host or unknown array {_describe(a)}{hint}")
+    device_type, _ = a.__dlpack_device__()
+    if int(device_type) != _KDLCUDA:
+        raise TypeError(f"qrgen takes arrays on a CUDA device; {_describe(a)} is on DLPack device type "
+                        f"{int(device_type)} (1 is the host)")
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None:
+        _check_dtype(str(dtype))
+    data = cupy.from_dlpack(a)
+    _check_dtype(str(data.dtype))
+    module = sys.modules.get(type(a).__module__.split(".")[0])
+    back = getattr(module, "from_dlpack", None) if module is not None else None
+    return _Array(data, type(a).__module__, None, back or (lambda x: x))
+
+
+def _check_dtype(name: str) -> None:
+    if name != "float32":
+        raise TypeError(f"qrgen factors float32 matrices; got dtype {name}: convert with .astype('float32') "
+                        f"(CuPy) or .float() (torch)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels for one shape
+
+
+class Factorizer:
+    """The kernels and launch sequence for one (m, n, schedule, arch); geqrf for any batch of that shape."""
+
+    def __init__(self, m: int, n: int, schedule: Schedule, arch: str, sources: dict[str, str] | None = None):
+        if (schedule.m, schedule.n) != (m, n):
+            raise ValueError(f"schedule is for {schedule.m}x{schedule.n}, not {m}x{n}")
+        self.m, self.n, self.k = m, n, min(m, n)
+        self.schedule = schedule
+        self.arch = arch
+        self.kernels, self.launches = codegen.plan(schedule)
+        self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
+        self._functions: dict[int, dict] = {}  # device id -> kernel name -> (function, capacity)
+        self._lock = threading.Lock()
+        self.binaries: list[Binary] = []
+        # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
+        self._workspaces: dict[tuple, "_Workspace"] = {}
+
+    def build(self, use_cache: bool = True, progress=None) -> list[Binary]:
+        """Render and compile every kernel (from the disk cache where it can)."""
+        if self.sources is not None:
+            items = [(k.name, self.sources[k.name]) for k in self.kernels]
+        else:
+            items = [(r.name, r.source) for r in codegen.render_all(self.schedule, self.arch)]
+        self.binaries = compile_many(items, self.arch, use_cache=use_cache, progress=progress)
+        return self.binaries
+
+    def _load(self, device_id: int) -> dict:
+        with self._lock:
+            if device_id in self._functions:
+                return self._functions[device_id]
+            import cupy
+
+            if not self.binaries:
+                self.build()
+            funcs = {}
+            for binary in self.binaries:
+                module = cupy.cuda.function.Module()
+                module.load(binary.cubin)
+                func = module.get_function(binary.name)
+                funcs[binary.name] = (module, func)
+            self._functions[device_id] = funcs
+            return funcs
+
+    def _capacity(self, func, threads: int, device_id: int) -> int:
+        """Blocks of this kernel that can be resident at once on the device (for cooperative launches)."""
+        import cupy
+
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, 0)
+        sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
+        return max(1, per_sm * sms)
+
+    def __call__(self, a):
+        """geqrf of a (..., m, n) float32 device array: returns (h, tau) of the same kind, on the same device."""
+        arr = as_device_array(a)
+        data = arr.data
+        if data.ndim < 2:
+            raise ValueError(f"qrgen.geqrf needs an array of shape (..., m, n); got shape {tuple(data.shape)}")
+        m, n = data.shape[-2:]
+        if (m, n) != (self.m, self.n):
+            raise ValueError(f"this factorization is generated for {self.m}x{self.n} matrices; got {m}x{n} "
+                             f"(shape {tuple(data.shape)}): build one for {m}x{n} or call qrgen.geqrf")
+        return _run(self, arr)
+
+    def run(self, a, stream):
+        """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is."""
+        import cupy
+
+        device_id = a.device.id
+        key = (device_id, a.shape[0], stream.ptr)
+        workspace = self._workspaces.get(key)
+        if workspace is None:
+            workspace = self._workspaces[key] = _Workspace(self, a.shape[0], device_id)
+        tau = cupy.empty((a.shape[0], self.k), dtype=cupy.float32)
+        first = self.launches[0]
+        aligned = a.data.ptr % (4 * next(k.vec for k in self.kernels if k.name == first.kernel)) == 0
+        if len(self.launches) == 1 and a.flags.c_contiguous and aligned:
+            h = cupy.empty(a.shape, dtype=cupy.float32)
+            _factor(self, h, tau, workspace, device_id, src=a)
+        else:
+            h = a.copy(order="C")
+            _factor(self, h, tau, workspace, device_id)
+        return h, tau
+
+
+def _run(fac: "Factorizer | None", arr: _Array):
+    import cupy
+
+    data = arr.data
+    lead = data.shape[:-2]
+    m, n = data.shape[-2:]
+    k = min(m, n)
+    with cupy.cuda.Device(data.device.id):
+        stream = cupy.cuda.ExternalStream(arr.stream_ptr) if arr.stream_ptr else cupy.cuda.get_current_stream()
+        with stream:
+            batch = int(np.prod(lead)) if lead else 1
+            if batch and m and n:
+                h, tau = fac.run(data.reshape(batch, m, n), stream)
+            else:
+                h = cupy.empty((batch, m, n), dtype=cupy.float32)
+                tau = cupy.empty((batch, k), dtype=cupy.float32)
+            h = h.reshape(*lead, m, n)
+            tau = tau.reshape(*lead, k)
+    return arr.wrap(h), arr.wrap(tau)
+
+
+class _Workspace:
+    """Buffers the launch sequence needs beside h and tau, kept between calls."""
+
+    def __init__(self, fac: "Factorizer", batch: int, device_id: int):
+        import cupy
+
+        funcs = fac._load(device_id)
+        self.chunk = batch
+        for launch in fac.launches:
+            if launch.blocks > 1:
+                _, func = funcs[launch.kernel]
+                per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
+                self.chunk = min(self.chunk, per_pass)
+        trail = [L for L in fac.launches if L.trail]
+        self.vt_size = max((L.width * L.rows for L in trail), default=1)
+        self.w_size = max((L.width * (fac.n - L.c0 - L.width) for L in trail), default=1)
+        max_blocks = max(L.blocks for L in fac.launches)
+        self.vt = cupy.empty((self.chunk, self.vt_size), dtype=cupy.float32)
+        self.zt = cupy.empty((self.chunk, self.vt_size), dtype=cupy.float32)
+        self.w = cupy.empty((self.chunk, self.w_size), dtype=cupy.float32)
+        self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
+        self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
+        self.multi_block = max_blocks > 1
+
+
+_ONE = np.array(1.0, dtype=np.float32)
+_MINUS_ONE = np.array(-1.0, dtype=np.float32)
+_ZERO = np.array(0.0, dtype=np.float32)
+
+
+def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None) -> None:
+    """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
+    (the input) instead of h where given."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    funcs = fac._load(device_id)
+    batch, m, n = h.shape
+    handle = cupy.cuda.device.get_cublas_handle()
+    prec = fac.schedule.precision
+    for b0 in range(0, batch, ws.chunk):
+        nb = min(ws.chunk, batch - b0)
+        whole = nb == batch
+        hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
+        sc = hc if src is None else (src if whole else src[b0:b0 + nb])
+        if ws.multi_block:
+            ws.flags.fill(0)
+        epoch = 0
+        for i, L in enumerate(fac.launches):
+            _, func = funcs[L.kernel]
+            func((nb * L.blocks,), (L.threads,),
+                 (sc if i == 0 else hc, hc, tc, ws.vt, ws.zt, ws.xch, ws.flags,
+                  np.uint32(epoch), np.int32(L.c0), np.int32(L.rows)),
+                 enable_cooperative_groups=L.blocks > 1)
+            if L.blocks > 1:
+                epoch += L.blocks * L.barriers
+            if not L.trail:
+                continue
+            nc = n - L.c0 - L.width
+            c_ptr = hc.data.ptr + 4 * (L.c0 * n + L.c0 + L.width)
+            vstride = L.width * L.rows  # the panel kernel packs V^T and (VT)^T per matrix
+            # W (width x nc) = (V T)^T C, then C -= V W; row-major operands handed to column-major cuBLAS.
+            cublas.gemmStridedBatchedEx(
+                handle, CUBLAS_OP_N, CUBLAS_OP_N, nc, L.width, L.rows,
+                _ONE.ctypes.data, c_ptr, CUDA_R_32F, n, m * n,
+                ws.zt.data.ptr, CUDA_R_32F, L.rows, vstride,
+                _ZERO.ctypes.data, ws.w.data.ptr, CUDA_R_32F, nc, ws.w_size,
+                nb, COMPUTE_TYPE[prec.project], CUBLAS_GEMM_DEFAULT)
+            cublas.gemmStridedBatchedEx(
+                handle, CUBLAS_OP_N, CUBLAS_OP_T, nc, L.rows, L.width,
+                _MINUS_ONE.ctypes.data, ws.w.data.ptr, CUDA_R_32F, nc, ws.w_size,
+                ws.vt.data.ptr, CUDA_R_32F, L.rows, vstride,
+                _ONE.ctypes.data, c_ptr, CUDA_R_32F, n, m * n,
+                nb, COMPUTE_TYPE[prec.update], CUBLAS_GEMM_DEFAULT)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# qrgen.geqrf: any shape, kernels built on first use and kept
+
+_FACTORIZERS: dict[tuple, Factorizer] = {}
+_FACTORIZERS_LOCK = threading.Lock()
+
+
+def device_arch(device_id: int) -> str:
+    import cupy
+
+    return f"sm_{cupy.cuda.Device(device_id).compute_capability}"
+
+
+def factorizer_for(m: int, n: int, batch: int, arch: str) -> Factorizer:
+    key = (m, n, batch, arch)
+    with _FACTORIZERS_LOCK:
+        fac = _FACTORIZERS.get(key)
+        if fac is None:
+            schedule, _ = find(Problem(m, n, batch), Target("cuda", arch))
+            fac = Factorizer(m, n, schedule, arch)
+            _FACTORIZERS[key] = fac
+        return fac
+
+
+def geqrf(a):
+    """QR factorization of a batch: a is (..., m, n) float32 on a CUDA device (torch, CuPy or DLPack).
+
+    Returns (h, tau) of a's kind, on its device and current stream, in LAPACK's geqrf convention: h holds R on
+    and above the diagonal and the reflectors' tails below it; tau (..., min(m, n)) their scalars. a is not
+    modified. Non-contiguous input is accepted (it is copied into h, which is always C-contiguous).
+    """
+    arr = as_device_array(a)
+    data = arr.data
+    if data.ndim < 2:
+        raise ValueError(f"qrgen.geqrf needs an array of shape (..., m, n); got shape {tuple(data.shape)}")
+    m, n = data.shape[-2:]
+    batch = int(np.prod(data.shape[:-2])) if data.ndim > 2 else 1
+    if m == 0 or n == 0 or batch == 0:
+        return _run(None, arr)
+    fac = factorizer_for(m, n, batch, device_arch(data.device.id))
+    return _run(fac, arr)

@@ -1,0 +1,282 @@
+"""The decisions that turn a Problem into kernels: panel widths, panel kernel variants, stage precisions.
+
+A Schedule holds decisions only (TVM's tuning records do the same): code is always regenerated from it.
+Schedules live as JSON under schedules/<arch>/<m>x<n>_b<batch>.json, with provenance beside the decisions.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .problem import Problem, Target
+
+VARIANTS = ("warp", "rows", "cols")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+STAGES = ("gram", "project", "update")
+THREADS = (32, 64, 128, 256, 512, 1024)
+SLICES = (2, 4, 8)
+
+# sm_90 budgets (per block): the compiler's register cap comes from __launch_bounds__(threads, 1).
+MAX_REGS_PER_THREAD = 255
+REGS_PER_SM = 65536
+MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
+REG_OVERHEAD = 40  # addresses, loop state and scalars beside the register tile; checked against ptxas in tests
+
+SCHEDULE_DIR = Path(__file__).resolve().parent.parent / "schedules"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of `width` columns and the kernel that factors it.
+
+    variant "warp": one warp per matrix, the panel's rows spread over its lanes, all columns in registers.
+    variant "rows": `threads` threads in each of `blocks` blocks per matrix share the rows; each thread holds
+                    its rows' columns in registers; blocks > 1 exchange partial sums through global memory.
+    variant "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
+                    turn as producer of those reflectors (published to shared memory, one mbarrier each).
+    """
+
+    width: int
+    variant: str = "rows"
+    threads: int = 32
+    blocks: int = 1
+    slice: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"Panel.width must be a positive integer, got {self.width!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"Panel.variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.threads not in THREADS:
+            raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
+        if not isinstance(self.blocks, int) or self.blocks < 1:
+            raise ValueError(f"Panel.blocks must be a positive integer, got {self.blocks!r}")
+        if self.variant in ("warp", "rows") and self.width > 32:
+            raise ValueError(f"Panel.width must be at most 32 for variant {self.variant!r}, got {self.width}")
+        if self.variant == "warp" and (self.threads != 32 or self.blocks != 1):
+            raise ValueError("Panel variant 'warp' takes threads=32 and blocks=1")
+        if self.variant == "cols":
+            if self.slice not in SLICES:
+                raise ValueError(f"Panel.slice must be one of {SLICES} for variant 'cols', got {self.slice!r}")
+            if self.blocks != 1:
+                raise ValueError("Panel variant 'cols' takes blocks=1")
+            if self.threads != 32 * math.ceil(self.width / self.slice):
+                raise ValueError(
+                    f"Panel.threads must be 32 * ceil(width / slice) = {32 * math.ceil(self.width / self.slice)} "
+                    f"for variant 'cols', got {self.threads}")
+        elif self.slice != 0:
+            raise ValueError(f"Panel.slice applies to variant 'cols' only; got slice={self.slice} for {self.variant!r}")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Precision of the inputs of each trailing-update stage (accumulation is always fp32).
+
+    gram: V^T V inside the panel kernel; project: W = (V T)^T C; update: C -= V W.
+    """
+
+    gram: str = "fp32"
+    project: str = "fp32"
+    update: str = "fp32"
+
+    def __post_init__(self):
+        for stage in STAGES:
+            if getattr(self, stage) not in PRECISIONS:
+                raise ValueError(f"Precision.{stage} must be one of {PRECISIONS}, got {getattr(self, stage)!r}")
+
+
+@dataclass(frozen=True)
+class PanelResources:
+    rows: int  # rows of the panel (m - first column)
+    slots: int  # rows each thread holds
+    registers: int  # estimate of registers per thread
+    register_cap: int
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    m: int
+    n: int
+    panels: tuple[Panel, ...]
+    precision: Precision = field(default_factory=Precision)
+
+    def __post_init__(self):
+        object.__setattr__(self, "panels", tuple(self.panels))
+        k = min(self.m, self.n)
+        widths = [p.width for p in self.panels]
+        if sum(widths) != k:
+            raise ValueError(f"Schedule.panels widths {widths} sum to {sum(widths)}, must sum to min(m, n) = {k}")
+        for index, panel in enumerate(self.panels):
+            res = self.resources(index)
+            if res.registers > res.register_cap:
+                raise ValueError(
+                    f"Schedule.panels[{index}] ({panel.variant}, width {panel.width}, threads {panel.threads}, "
+                    f"blocks {panel.blocks}) needs about {res.registers} registers per thread for its "
+                    f"{res.rows} rows; the cap is {res.register_cap}: use more threads or blocks, or a narrower panel")
+            if res.shared_bytes > MAX_SMEM:
+                raise ValueError(
+                    f"Schedule.panels[{index}] needs {res.shared_bytes} bytes of shared memory; "
+                    f"the budget is {MAX_SMEM}")
+
+    def starts(self) -> list[int]:
+        """First column (and row) of each panel."""
+        out, c = [], 0
+        for p in self.panels:
+            out.append(c)
+            c += p.width
+        return out
+
+    def resources(self, index: int) -> PanelResources:
+        panel = self.panels[index]
+        rows = self.m - self.starts()[index]
+        cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
+        if panel.variant == "cols":
+            slots = math.ceil(rows / 32)
+            regs = slots * (panel.slice + 1) + panel.slice + REG_OVERHEAD
+            smem = rows * panel.width * 4 + panel.width * panel.width * 8 + panel.width * 16
+        else:
+            slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
+            regs = slots * panel.width + panel.width + REG_OVERHEAD
+            warps = panel.threads // 32
+            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64)
+        return PanelResources(rows, slots, regs, cap, smem)
+
+    def to_json(self) -> dict:
+        return {"m": self.m, "n": self.n,
+                "panels": [_panel_json(p) for p in self.panels],
+                "precision": asdict(self.precision)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Schedule":
+        try:
+            panels = tuple(Panel(**p) for p in data["panels"])
+            return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})))
+        except KeyError as exc:
+            raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise ValueError(f"schedule JSON has an unknown or missing field: {exc}") from None
+
+    def describe(self) -> str:
+        groups: list[list] = []
+        for p in self.panels:
+            key = (p.width, p.variant, p.threads, p.blocks, p.slice)
+            if groups and groups[-1][0] == key:
+                groups[-1][1] += 1
+            else:
+                groups.append([key, 1])
+        parts = []
+        for (w, v, t, b, s), count in groups:
+            extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" if b > 1 else "")
+            parts.append(f"{count}x{w} {v}({t} threads{extra})")
+        prec = self.precision
+        return " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
+
+
+def _panel_json(p: Panel) -> dict:
+    data = asdict(p)
+    if p.variant != "cols":
+        data.pop("slice")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files
+
+
+def schedule_path(problem: Problem, target: Target, root: Path | None = None) -> Path:
+    return Path(root or SCHEDULE_DIR) / target.arch / f"{problem.m}x{problem.n}_b{problem.batch}.json"
+
+
+def save(schedule: Schedule, problem: Problem, target: Target, provenance: dict | None = None,
+         root: Path | None = None) -> Path:
+    path = schedule_path(problem, target, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = schedule.to_json()
+    data["batch"] = problem.batch
+    data["arch"] = target.arch
+    data["provenance"] = provenance or {}
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: Path) -> tuple[Schedule, dict]:
+    data = json.loads(Path(path).read_text())
+    return Schedule.from_json(data), data.get("provenance", {})
+
+
+def find(problem: Problem, target: Target, root: Path | None = None) -> tuple[Schedule, str]:
+    """The tuned schedule for this problem if a file exists, else the default. Returns (schedule, origin)."""
+    path = schedule_path(problem, target, root)
+    if path.exists():
+        schedule, _ = load(path)
+        if (schedule.m, schedule.n) != (problem.m, problem.n):
+            raise ValueError(f"{path} is for {schedule.m}x{schedule.n}, not {problem.m}x{problem.n}")
+        return schedule, str(path)
+    return default_schedule(problem, target), "default (heuristic)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Default schedule: a simple heuristic over the resource model, used where no tuned file exists.
+
+
+def _panel_for(rows: int, width: int) -> Panel | None:
+    """The cheapest one-block kernel that holds `rows` x `width` in registers, or None."""
+    if rows <= 32 * 4:
+        warp = Panel(width, "warp", 32)
+        if _fits(rows, warp):
+            return warp
+    for threads in THREADS[1:]:
+        # Aim for at most four rows per thread: fewer threads means shorter reductions.
+        if math.ceil(rows / threads) > 4 and threads < 512:
+            continue
+        panel = Panel(width, "rows", threads)
+        if _fits(rows, panel):
+            return panel
+    return None
+
+
+def _multi_block_panel(rows: int, width: int) -> Panel:
+    """Blocks exchanging partial sums through global memory: only for panels no block can hold
+    (measured on the H200: the flag exchange costs far more per column than a narrower one-block panel)."""
+    for blocks in range(2, 1 << 20):
+        panel = Panel(width, "rows", 512, blocks)
+        if _fits(rows, panel):
+            return panel
+    raise ValueError(f"no panel kernel fits {rows} rows")  # pragma: no cover
+
+
+def _fits(rows: int, panel: Panel) -> bool:
+    cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
+    slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
+    return slots * panel.width + panel.width + REG_OVERHEAD <= cap
+
+
+def default_precision(problem: Problem) -> Precision:
+    """fp32 everywhere: the heuristic does not guess where lower precision keeps the gates; the tuner measures."""
+    return Precision()
+
+
+def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
+    k = problem.k
+    panels: list[Panel] = []
+    col = 0
+    while col < k:
+        rows = problem.m - col
+        for width in (32, 16, 8):
+            panel = _panel_for(rows, min(width, k - col))
+            if panel is not None:
+                break
+        else:
+            panel = _multi_block_panel(rows, min(8, k - col))
+        panels.append(panel)
+        col += panel.width
+    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem))

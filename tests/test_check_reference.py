@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+from scipy.linalg import lapack
+
+from qrgen import reference
+from qrgen.check import check
+from qrgen.problem import Problem
+from qrgen.schedule import Panel, Precision, Schedule, default_schedule
+from qrgen.testing import FAMILIES, stress
+
+
+def test_check_passes_lapack_and_fails_a_wrong_factorization():
+    a = stress("random", 40, 30, 3, seed=1)
+    h = np.empty_like(a, dtype=np.float64)
+    tau = np.empty((3, 30))
+    for i in range(3):
+        h[i], tau[i], _, _ = lapack.dgeqrf(a[i].astype(np.float64))
+    assert check(a, h, tau).ok
+    bad = h.copy()
+    bad[1, 0, 5] += 1e-2
+    result = check(a, bad, tau)
+    assert list(result.passed) == [True, False, True]
+    nan = h.copy()
+    nan[2, 3, 3] = np.nan
+    assert list(check(a, nan, tau).passed) == [True, True, False]
+
+
+def test_reference_matches_lapack():
+    a = stress("random", 70, 50, 2, seed=2).astype(np.float64)
+    h, tau = reference.geqrf(a, Schedule(70, 50, (Panel(16, "rows", 64), Panel(32, "rows", 64), Panel(2, "warp", 32))))
+    for i in range(2):
+        hl, tl, _, _ = lapack.dgeqrf(a[i])
+        np.testing.assert_allclose(h[i], hl, atol=1e-12)
+        np.testing.assert_allclose(tau[i], tl, atol=1e-12)
+
+
+@pytest.mark.parametrize("m,n", [(33, 33), (100, 100), (130, 64), (40, 90)])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reference_float32_passes_the_gates(family, m, n):
+    a = stress(family, m, n, 2, seed=m + n)
+    h, tau = reference.geqrf(a, default_schedule(Problem(m, n, 2)), dtype=np.float32)
+    assert check(a, h, tau).ok
+
+
+def test_round_to():
+    x = np.array([1.0, 1 + 2.0 ** -11, 1 + 2.0 ** -10, 1 + 2.0 ** -8, 3.0e38, np.inf], dtype=np.float32)
+    # tf32: 10 mantissa bits, ties away from zero; bf16: 7 bits, ties to even.
+    np.testing.assert_array_equal(reference.round_to(x, "tf32")[:4], [1, 1 + 2.0 ** -10, 1 + 2.0 ** -10, 1 + 2.0 ** -8])
+    np.testing.assert_array_equal(reference.round_to(x, "bf16")[:4], [1, 1, 1, 1])
+    assert np.isinf(reference.round_to(x, "fp16")[4])  # fp16 overflows where bf16 does not
+    assert np.isfinite(reference.round_to(x, "bf16")[4])
+    assert reference.round_to(x, "tf32")[5] == np.inf
+
+
+def test_lower_precision_costs_accuracy():
+    """The reference's rounding is real: tf32 stages give a larger residual than fp32, bf16 larger still."""
+    a = stress("random", 96, 96, 4, seed=5)
+    worst = {}
+    for p in ("fp32", "tf32", "bf16"):
+        sched = Schedule(96, 96, (Panel(32, "rows", 64),) * 3, Precision(p, p, p))
+        h, tau = reference.geqrf(a, sched, dtype=np.float32)
+        worst[p] = check(a, h, tau).worst()[0]
+    assert worst["fp32"] < worst["tf32"] < worst["bf16"]
+    assert worst["bf16"] > 20  # bf16 everywhere fails the factor gate at this size

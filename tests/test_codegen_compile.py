@@ -1,0 +1,112 @@
+"""No-GPU layer: rendering, the cache key, NVRTC to sm_90 cubin, and the committed schedules' kernels."""
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from qrgen import codegen, compile as qcompile
+from qrgen.problem import Problem
+from qrgen.schedule import Panel, Schedule, default_schedule, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _nvrtc():
+    try:
+        qcompile.nvrtc_version()
+        return True
+    except Exception:
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc(), reason="NVRTC is not installed (pip install -e .[cuda])")
+
+
+def test_environment_is_strict():
+    env = codegen.environment()
+    assert env.undefined is jinja2.StrictUndefined
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing }}").render()
+
+
+def test_plan_shares_kernels_and_orders_launches():
+    s = Schedule(100, 100, (Panel(32, "rows", 64), Panel(32, "rows", 64), Panel(32, "warp", 32), Panel(4, "warp", 32)))
+    kernels, launches = codegen.plan(s)
+    assert [L.c0 for L in launches] == [0, 32, 64, 96]
+    assert [L.rows for L in launches] == [100, 68, 36, 4]
+    assert [L.trail for L in launches] == [True, True, True, False]
+    assert len({k.name for k in kernels}) == len(kernels) == 3
+    assert launches[0].kernel == launches[1].kernel  # 100 and 68 rows over 64 threads: two rows each
+
+
+def test_render_is_deterministic_and_constants_are_in_the_source():
+    s = default_schedule(Problem(176, 176, 40))
+    first = codegen.render_all(s)
+    assert [r.source for r in first] == [r.source for r in codegen.render_all(s)]
+    src = first[0].source
+    assert "Do not edit" in src and "panel_rows<176, 176, 176," in src
+
+
+def test_vector_width_follows_alignment():
+    kernels, _ = codegen.plan(default_schedule(Problem(33, 33)))
+    assert {k.vec for k in kernels} == {1}
+    kernels, _ = codegen.plan(default_schedule(Problem(64, 64)))
+    assert {k.vec for k in kernels} == {4}
+
+
+def test_cache_key_changes_with_every_input():
+    base = dict(source="x", arch="sm_90", opts=("-a",), nvrtc=(13, 0), version="1")
+    key = qcompile.cache_key(**base)
+    for field, other in [("source", "y"), ("arch", "sm_100"), ("opts", ("-b",)), ("nvrtc", (13, 1)),
+                         ("version", "2")]:
+        assert qcompile.cache_key(**{**base, field: other}) != key, field
+    assert qcompile.cache_key(**base) == key
+
+
+TINY = 'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= 2.0f; }\n'
+
+
+@needs_nvrtc
+def test_compile_cache_and_corruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    first = qcompile.compile_source("tiny", TINY, "sm_90")
+    assert not first.cached and first.cubin.startswith(b"\x7fELF") and first.registers > 0
+    second = qcompile.compile_source("tiny", TINY, "sm_90")
+    assert second.cached and second.cubin == first.cubin
+    (entry,) = list((tmp_path / "sm_90").glob("tiny-*.cubin"))
+    entry.write_bytes(b"garbage")
+    third = qcompile.compile_source("tiny", TINY, "sm_90")
+    assert not third.cached and third.cubin == first.cubin
+    assert qcompile.compile_source("tiny", TINY, "sm_90").cached
+
+
+@needs_nvrtc
+def test_compile_error_names_the_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="NVRTC failed to compile broken"):
+        qcompile.compile_source("broken", "this is not CUDA", "sm_90")
+
+
+def _committed_kernels():
+    items = {}
+    for path in sorted((ROOT / "schedules" / "sm_90").glob("*.json")):
+        schedule, _ = load(path)
+        for r in codegen.render_all(schedule, "sm_90"):
+            items[(path.stem, r.name)] = r.source
+    return items
+
+
+@needs_nvrtc
+def test_every_committed_kernel_compiles_without_spills(tmp_path, monkeypatch):
+    """Every kernel the committed schedules use, compiled for sm_90: no spills, no local-memory stack."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    items = _committed_kernels()
+    assert items
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        binaries = dict(zip(items, pool.map(lambda kv: qcompile.compile_source(kv[0][1], kv[1], "sm_90"),
+                                            items.items())))
+    bad = {k: (b.spill_bytes, b.stack_bytes) for k, b in binaries.items() if b.spill_bytes or b.stack_bytes}
+    assert not bad, f"kernels with spills or stack (bytes): {bad}"
+    assert all(0 < b.registers <= 255 for b in binaries.values())

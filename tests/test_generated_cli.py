@@ -1,0 +1,75 @@
+"""No-GPU layer: the committed generated modules, `qrgen build`, and the CLI's errors."""
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qrgen.bench import REFERENCE_CASES
+from qrgen.build import generate, render_module
+from qrgen.cli import main, parser
+from qrgen.problem import Problem, Target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("batch,m,n", REFERENCE_CASES)
+def test_committed_modules_regenerate_exactly(batch, m, n):
+    name, text, sources, _, origin = render_module(Problem(m, n, batch), Target())
+    assert origin == f"schedules/sm_90/{m}x{n}_b{batch}.json"
+    assert (ROOT / "generated" / f"{name}.py").read_text() == text
+    committed = {p.stem: p.read_text() for p in (ROOT / "generated" / name).glob("*.cu")}
+    assert committed == sources
+
+
+def test_import_compiles_nothing():
+    mod = importlib.import_module("generated.qr_1024x1024_b60")
+    assert (mod.M, mod.N, mod.BATCH, mod.ARCH) == (1024, 1024, 60, "sm_90")
+    assert mod._module._factorizer is None
+    assert sum(p.width for p in mod.schedule.panels) == 1024
+
+
+def test_build_writes_module_and_sources(tmp_path, capsys):
+    assert main(["build", "--shape", "40x24", "--batch", "3", "--out", str(tmp_path), "--no-compile",
+                 "--schedules", str(tmp_path / "none")]) == 0
+    out = capsys.readouterr().out
+    assert "default (heuristic)" in out and "qr_40x24_b3.py" in out
+    assert (tmp_path / "qr_40x24_b3.py").exists() and list((tmp_path / "qr_40x24_b3").glob("*.cu"))
+    # Rebuilding with another schedule removes kernels the new one does not use.
+    stale = tmp_path / "qr_40x24_b3" / "qr_old.cu"
+    stale.write_text("old")
+    generate(Problem(40, 24, 3), Target(), tmp_path, tmp_path / "none")
+    assert not stale.exists()
+
+
+def test_help_documents_every_option():
+    text = parser()._subparsers._group_actions[0].choices["build"].format_help()
+    for option in ("--shape", "--batch", "--arch", "--out", "--schedules", "--no-compile", "--jobs"):
+        assert option in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["build", "--shape", "10by10"], "MxN"),
+    (["build", "--shape", "10x10", "--batch", "0"], "positive integer"),
+    (["build", "--shape", "10x10", "--arch", "hopper", "--no-compile"], "Target.arch"),
+    (["bench", "60x1024"], "BATCHxMxN"),
+])
+def test_cli_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) if argv[0] == "bench" or "--arch" not in argv else _no_raise():
+        code = main(argv)
+        assert code == 2
+    assert message in capsys.readouterr().err
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_module_entry_point():
+    result = subprocess.run([sys.executable, "-m", "qrgen", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and "qrgen" in result.stdout

@@ -1,0 +1,141 @@
+"""GPU layer: qrgen.geqrf against the gates on every stress family, the array contract, bad input."""
+import numpy as np
+import pytest
+
+import qrgen
+from qrgen.check import check
+from qrgen.testing import FAMILIES, mixed, stress
+
+pytestmark = pytest.mark.gpu
+
+SQUARE = [1, 2, 31, 32, 33, 100, 176, 255, 257, 352, 512]
+LARGE = [1000, 1024, 2048, 4096]
+
+
+def _geqrf_checked(a_host):
+    import cupy
+
+    h, tau = qrgen.geqrf(cupy.asarray(a_host))
+    return check(a_host, h, tau)
+
+
+@pytest.mark.parametrize("n", SQUARE)
+def test_square_every_family(n):
+    batch = 3
+    for family in FAMILIES:
+        a = stress(family, n, n, batch, seed=n)
+        result = _geqrf_checked(a)
+        assert result.ok, f"{family} {n}x{n}: {result}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", LARGE)
+def test_large_mixed(n):
+    a, labels = mixed(n, n, len(FAMILIES) if n <= 1024 else 2, seed=n)
+    result = _geqrf_checked(a)
+    assert result.ok, f"{n}x{n} {labels}: {result}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m,n", [(4096, 1024), (8192, 512), (100000, 32), (40000, 256), (256, 1024)])
+def test_tall_and_wide(m, n):
+    a, labels = mixed(m, n, 2, seed=m + n)
+    result = _geqrf_checked(a)
+    assert result.ok, f"{m}x{n} {labels}: {result}"
+
+
+@pytest.mark.parametrize("batch", [1, 7, 133, 640])
+def test_batches_mixed(batch):
+    a, labels = mixed(32, 32, batch, seed=batch)
+    result = _geqrf_checked(a)
+    assert result.ok, f"batch {batch}: {result}"
+
+
+def test_torch_in_torch_out_same_stream_input_untouched():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(5, 64, 48, device="cuda")
+    before = a.clone()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        h, tau = qrgen.geqrf(a)
+    stream.synchronize()
+    assert isinstance(h, torch.Tensor) and h.device == a.device and h.shape == a.shape and tau.shape == (5, 48)
+    assert torch.equal(a, before)
+    q = torch.linalg.householder_product(h.double(), tau.double())
+    r = torch.triu(h.double())[..., :48, :]
+    assert torch.allclose(q @ r, a.double(), atol=1e-4)
+
+
+def test_cupy_leading_dims_and_noncontiguous():
+    import cupy
+
+    a = cupy.random.standard_normal((2, 3, 40, 24), dtype=cupy.float32)
+    h, tau = qrgen.geqrf(a)
+    assert isinstance(h, cupy.ndarray) and h.shape == a.shape and tau.shape == (2, 3, 24)
+    assert check(a, h, tau).ok
+    at = cupy.random.standard_normal((4, 24, 40), dtype=cupy.float32).transpose(0, 2, 1)
+    h2, tau2 = qrgen.geqrf(at)
+    assert check(at, h2, tau2).ok
+
+
+def test_nan_in_one_matrix_leaves_the_others():
+    import cupy
+
+    a = stress("random", 64, 64, 4, seed=3)
+    a[2, 5, 7] = np.nan
+    h, tau = qrgen.geqrf(cupy.asarray(a))
+    h = h.get()
+    assert np.isnan(h[2]).any()
+    keep = [0, 1, 3]
+    assert check(a[keep], h[keep], tau.get()[keep]).ok
+
+
+def test_bad_input():
+    import cupy
+
+    with pytest.raises(TypeError, match="float32"):
+        qrgen.geqrf(cupy.zeros((2, 4, 4), dtype=cupy.float64))
+    with pytest.raises(TypeError, match="host"):
+        qrgen.geqrf(np.zeros((2, 4, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        qrgen.geqrf(cupy.zeros((4,), dtype=cupy.float32))
+
+
+def test_empty():
+    import cupy
+
+    for shape in [(0, 4, 4), (3, 0, 4), (3, 4, 0)]:
+        h, tau = qrgen.geqrf(cupy.zeros(shape, dtype=cupy.float32))
+        assert h.shape == shape and tau.shape == shape[:-2] + (min(shape[-2:]),)
+
+
+def test_generated_module_any_batch_and_wrong_shape(tmp_path):
+    import importlib
+
+    import cupy
+
+    mod = importlib.import_module("generated.qr_176x176_b40")
+    a = stress("colscaled", 176, 176, 5, seed=9)
+    h, tau = mod.geqrf(cupy.asarray(a))
+    assert check(a, h, tau).ok
+    with pytest.raises(ValueError, match="176x176"):
+        mod.geqrf(cupy.zeros((2, 170, 176), dtype=cupy.float32))
+
+
+def test_cli_build_then_import(tmp_path):
+    import importlib.util
+    import subprocess
+    import sys
+
+    import cupy
+
+    result = subprocess.run([sys.executable, "-m", "qrgen", "build", "--shape", "96x64", "--batch", "3", "--out",
+                             str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "registers" in result.stdout
+    spec = importlib.util.spec_from_file_location("qr_96x64_b3", tmp_path / "qr_96x64_b3.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = stress("random", 96, 64, 3, seed=4)
+    h, tau = mod.geqrf(cupy.asarray(a))
+    assert check(a, h, tau).ok

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from qrgen.problem import Problem, Target, parse_shape
+from qrgen.schedule import Panel, Precision, Schedule, default_schedule, find, load, save
+
+SHAPES = [(1, 1), (2, 5), (5, 2), (31, 31), (32, 32), (33, 33), (100, 100), (176, 176), (255, 255), (257, 257),
+          (352, 352), (512, 512), (1000, 1000), (1024, 1024), (2048, 2048), (4096, 4096), (4096, 1024),
+          (8192, 512), (100000, 32), (40000, 256), (256, 1024)]
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_default_schedule_covers_min_mn(m, n):
+    s = default_schedule(Problem(m, n, 4))
+    assert sum(p.width for p in s.panels) == min(m, n)
+    assert s.starts()[0] == 0
+
+
+def test_widths_must_sum():
+    with pytest.raises(ValueError, match=r"panels widths \[32\] sum to 32, must sum to min\(m, n\) = 40"):
+        Schedule(40, 40, (Panel(32, "warp", 32),))
+
+
+def test_register_budget_names_the_panel():
+    with pytest.raises(ValueError, match=r"panels\[0\].*registers.*cap is 64"):
+        Schedule(4096, 32, (Panel(32, "rows", 1024),))
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(width=0), "Panel.width"),
+    (dict(width=8, variant="magic"), "Panel.variant"),
+    (dict(width=8, threads=96), "Panel.threads"),
+    (dict(width=8, blocks=0), "Panel.blocks"),
+    (dict(width=33, variant="rows", threads=64), "Panel.width"),
+    (dict(width=8, variant="warp", threads=64), "warp"),
+])
+def test_panel_fields(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        Panel(**kwargs)
+
+
+def test_precision_field():
+    with pytest.raises(ValueError, match="Precision.update"):
+        Precision(update="fp8")
+
+
+def test_problem_and_target_fields():
+    with pytest.raises(ValueError, match="Problem.m"):
+        Problem(0, 4)
+    with pytest.raises(ValueError, match="Problem.dtype"):
+        Problem(4, 4, dtype="float64")
+    with pytest.raises(ValueError, match="Target.arch"):
+        Target(arch="hopper")
+    assert parse_shape("1024x512") == (1024, 512)
+    with pytest.raises(ValueError, match="MxN"):
+        parse_shape("1024")
+
+
+def test_json_round_trip_and_find(tmp_path):
+    problem, target = Problem(100, 60, 7), Target()
+    sched = Schedule(100, 60, (Panel(32, "rows", 64), Panel(28, "warp", 32)), Precision(project="tf32"))
+    assert find(problem, target, tmp_path) == (default_schedule(problem), "default (heuristic)")
+    path = save(sched, problem, target, {"origin": "test"}, root=tmp_path)
+    assert path == tmp_path / "sm_90" / "100x60_b7.json"
+    loaded, prov = load(path)
+    assert loaded == sched and prov == {"origin": "test"}
+    found, origin = find(problem, target, tmp_path)
+    assert found == sched and origin == str(path)
+    data = json.loads(path.read_text())
+    data["panels"][0]["width"] = 31
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="sum to"):
+        load(path)
+
+
+def test_unknown_json_field():
+    data = default_schedule(Problem(32, 32)).to_json()
+    data["panels"][0]["colour"] = "red"
+    with pytest.raises(ValueError, match="unknown or missing field"):
+        Schedule.from_json(data)
