@@ -98,3 +98,33 @@ def table(rows: list[Timing]) -> str:
         lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} | {torch_us} | {speed} | {r.factor:.2f} | "
                      f"{r.orthogonality:.2f} | {'pass' if r.passed else 'FAIL'} |")
     return "\n".join(lines)
+
+
+def profile_case(batch: int, m: int, n: int, seed: int = 0) -> str:
+    """Where one factorization's GPU time goes, per stage, against the stage's arithmetic or memory floor.
+
+    Launches are bracketed by events one by one (the GPU idles between them while the host queues the next), so
+    the stage sums are GPU time; the wall time of the same call is printed beside them.
+    """
+    import cupy
+
+    from .runtime import device_arch, factorizer_for
+
+    rng = np.random.default_rng(seed)
+    a = cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32))
+    fac = factorizer_for(m, n, batch, device_arch(a.device.id))
+    fac.profile(a)  # warm-up: load kernels, cuBLAS heuristics
+    stages = fac.profile(a)
+    totals: dict[str, float] = {}
+    flops: dict[str, float] = {}
+    for stage, launch, start, stop in stages:
+        totals[stage] = totals.get(stage, 0.0) + cupy.cuda.get_elapsed_time(start, stop) * 1e3
+        nc = n - launch.c0 - launch.width
+        flops[stage] = flops.get(stage, 0.0) + (2.0 * launch.width * launch.rows * nc * batch
+                                                if stage != "panel" else 4.0 * launch.rows * launch.width ** 2 * batch)
+    wall = median_time_us(lambda x: fac.run(x, cupy.cuda.get_current_stream()), [a], 5, warmup=1)
+    lines = [f"{batch} x {m}x{n}: {len(fac.launches)} panels, wall {wall:,.0f} µs; GPU time by stage:"]
+    for stage, us in totals.items():
+        lines.append(f"  {stage:>8}: {us:10,.0f} µs  {flops[stage] / us / 1e6:8.2f} TFLOP/s"
+                     + (f"  ({us / min(m, n):.2f} µs per column)" if stage == "panel" else ""))
+    return "\n".join(lines)

@@ -74,6 +74,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tall", action="store_true", help="the single and tall cases instead of the reference batches")
     s.add_argument("--reps", type=_positive, default=20, help="timed runs of qrgen per case (default 20)")
     s.add_argument("--no-torch", action="store_true", help="do not time torch.geqrf")
+    s.add_argument("--profile", action="store_true",
+                   help="also print each case's GPU time by stage (panel kernels, the two trailing-update GEMMs)")
     return p
 
 
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "bench":
-        from .bench import REFERENCE_CASES, SINGLE_TALL_CASES, run_case, table
+        from .bench import REFERENCE_CASES, SINGLE_TALL_CASES, profile_case, run_case, table
 
         cases = args.cases or (SINGLE_TALL_CASES if args.tall else REFERENCE_CASES)
         try:
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{batch} x {m}x{n}: qrgen {row.qrgen_us:,.1f} µs, torch.geqrf {torch_us}, "
                   f"gates {'pass' if row.passed else 'FAIL'}", flush=True)
             rows.append(row)
+            if args.profile:
+                print(profile_case(batch, m, n), flush=True)
         print(table(rows))
         return 0
     return 2  # pragma: no cover

@@ -1,6 +1,8 @@
 """Running a schedule on the GPU: array interop (torch, CuPy, DLPack), kernel loading and the launch sequence."""
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -92,6 +94,9 @@ class Factorizer:
         self.arch = arch
         self.kernels, self.launches = codegen.plan(schedule)
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
+        # A one-panel schedule reads the input directly (no copy first) when it is aligned for the kernel's loads.
+        vec = {k.name: k.vec for k in self.kernels}
+        self._direct_vec = vec[self.launches[0].kernel] if len(self.launches) == 1 else 0
         self._functions: dict[int, dict] = {}  # device id -> kernel name -> (function, capacity)
         self._lock = threading.Lock()
         self.binaries: list[Binary] = []
@@ -108,6 +113,9 @@ class Factorizer:
         return self.binaries
 
     def _load(self, device_id: int) -> dict:
+        funcs = self._functions.get(device_id)
+        if funcs is not None:
+            return funcs
         with self._lock:
             if device_id in self._functions:
                 return self._functions[device_id]
@@ -144,6 +152,20 @@ class Factorizer:
                              f"(shape {tuple(data.shape)}): build one for {m}x{n} or call qrgen.geqrf")
         return _run(self, arr)
 
+    def profile(self, a) -> list:
+        """Factor a (batch, m, n) CuPy array once with events around every launch; returns the synchronized
+        (stage, launch, start, stop) list (see _factor)."""
+        import cupy
+
+        batch = a.shape[0]
+        ws = _Workspace(self, batch, a.device.id)
+        h = a.copy(order="C")
+        tau = cupy.empty((batch, self.k), dtype=cupy.float32)
+        stages: list = []
+        _factor(self, h, tau, ws, a.device.id, stages=stages)
+        cupy.cuda.get_current_stream().synchronize()
+        return stages
+
     def run(self, a, stream):
         """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is."""
         import cupy
@@ -154,9 +176,7 @@ class Factorizer:
         if workspace is None:
             workspace = self._workspaces[key] = _Workspace(self, a.shape[0], device_id)
         tau = cupy.empty((a.shape[0], self.k), dtype=cupy.float32)
-        first = self.launches[0]
-        aligned = a.data.ptr % (4 * next(k.vec for k in self.kernels if k.name == first.kernel)) == 0
-        if len(self.launches) == 1 and a.flags.c_contiguous and aligned:
+        if self._direct_vec and a.flags.c_contiguous and a.data.ptr % (4 * self._direct_vec) == 0:
             h = cupy.empty(a.shape, dtype=cupy.float32)
             _factor(self, h, tau, workspace, device_id, src=a)
         else:
@@ -172,18 +192,44 @@ def _run(fac: "Factorizer | None", arr: _Array):
     lead = data.shape[:-2]
     m, n = data.shape[-2:]
     k = min(m, n)
-    with cupy.cuda.Device(data.device.id):
-        stream = cupy.cuda.ExternalStream(arr.stream_ptr) if arr.stream_ptr else cupy.cuda.get_current_stream()
-        with stream:
-            batch = int(np.prod(lead)) if lead else 1
-            if batch and m and n:
-                h, tau = fac.run(data.reshape(batch, m, n), stream)
-            else:
-                h = cupy.empty((batch, m, n), dtype=cupy.float32)
-                tau = cupy.empty((batch, k), dtype=cupy.float32)
+    device_id = data.device.id
+    with contextlib.ExitStack() as scope:
+        if cupy.cuda.runtime.getDevice() != device_id:
+            scope.enter_context(cupy.cuda.Device(device_id))
+        if arr.stream_ptr is None:
+            stream = cupy.cuda.get_current_stream()
+        else:
+            stream = _external_stream(arr.stream_ptr)
+            scope.enter_context(stream)
+        batch = math.prod(lead)
+        if batch and m and n:
+            h, tau = fac.run(data if len(lead) == 1 else data.reshape(batch, m, n), stream)
+        else:
+            h = cupy.empty((batch, m, n), dtype=cupy.float32)
+            tau = cupy.empty((batch, k), dtype=cupy.float32)
+        if len(lead) != 1:
             h = h.reshape(*lead, m, n)
             tau = tau.reshape(*lead, k)
     return arr.wrap(h), arr.wrap(tau)
+
+
+_EXTERNAL_STREAMS: dict[int, object] = {}
+
+
+def _external_stream(ptr: int):
+    """CuPy's handle on another framework's stream (kept per pointer: creating one per call costs host time)."""
+    stream = _EXTERNAL_STREAMS.get(ptr)
+    if stream is None:
+        import cupy
+
+        class _Handle:  # the CUDA stream protocol, for Stream.from_external
+            def __cuda_stream__(self):
+                return (0, ptr)
+
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        stream = from_external(_Handle()) if from_external else cupy.cuda.ExternalStream(ptr)
+        _EXTERNAL_STREAMS[ptr] = stream
+    return stream
 
 
 class _Workspace:
@@ -216,9 +262,10 @@ _MINUS_ONE = np.array(-1.0, dtype=np.float32)
 _ZERO = np.array(0.0, dtype=np.float32)
 
 
-def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None) -> None:
+def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None) -> None:
     """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
-    (the input) instead of h where given."""
+    (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
+    as (stage, launch, start, stop), stage being "panel", "project" or "update" (for profiling)."""
     import cupy
     from cupy_backends.cuda.libs import cublas
 
@@ -236,10 +283,15 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None) -
         epoch = 0
         for i, L in enumerate(fac.launches):
             _, func = funcs[L.kernel]
+            if stages is not None:
+                stages.append(("panel", L, cupy.cuda.Event(), cupy.cuda.Event()))
+                stages[-1][2].record()
             func((nb * L.blocks,), (L.threads,),
                  (sc if i == 0 else hc, hc, tc, ws.vt, ws.zt, ws.xch, ws.flags,
                   np.uint32(epoch), np.int32(L.c0), np.int32(L.rows)),
                  enable_cooperative_groups=L.blocks > 1)
+            if stages is not None:
+                stages[-1][3].record()
             if L.blocks > 1:
                 epoch += L.blocks * L.barriers
             if not L.trail:
@@ -248,18 +300,27 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None) -
             c_ptr = hc.data.ptr + 4 * (L.c0 * n + L.c0 + L.width)
             vstride = L.width * L.rows  # the panel kernel packs V^T and (VT)^T per matrix
             # W (width x nc) = (V T)^T C, then C -= V W; row-major operands handed to column-major cuBLAS.
+            if stages is not None:
+                stages.append(("project", L, cupy.cuda.Event(), cupy.cuda.Event()))
+                stages[-1][2].record()
             cublas.gemmStridedBatchedEx(
                 handle, CUBLAS_OP_N, CUBLAS_OP_N, nc, L.width, L.rows,
                 _ONE.ctypes.data, c_ptr, CUDA_R_32F, n, m * n,
                 ws.zt.data.ptr, CUDA_R_32F, L.rows, vstride,
                 _ZERO.ctypes.data, ws.w.data.ptr, CUDA_R_32F, nc, ws.w_size,
                 nb, COMPUTE_TYPE[prec.project], CUBLAS_GEMM_DEFAULT)
+            if stages is not None:
+                stages[-1][3].record()
+                stages.append(("update", L, cupy.cuda.Event(), cupy.cuda.Event()))
+                stages[-1][2].record()
             cublas.gemmStridedBatchedEx(
                 handle, CUBLAS_OP_N, CUBLAS_OP_T, nc, L.rows, L.width,
                 _MINUS_ONE.ctypes.data, ws.w.data.ptr, CUDA_R_32F, nc, ws.w_size,
                 ws.vt.data.ptr, CUDA_R_32F, L.rows, vstride,
                 _ONE.ctypes.data, c_ptr, CUDA_R_32F, n, m * n,
                 nb, COMPUTE_TYPE[prec.update], CUBLAS_GEMM_DEFAULT)
+            if stages is not None:
+                stages[-1][3].record()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -298,7 +359,7 @@ def geqrf(a):
     if data.ndim < 2:
         raise ValueError(f"qrgen.geqrf needs an array of shape (..., m, n); got shape {tuple(data.shape)}")
     m, n = data.shape[-2:]
-    batch = int(np.prod(data.shape[:-2])) if data.ndim > 2 else 1
+    batch = math.prod(data.shape[:-2])
     if m == 0 or n == 0 or batch == 0:
         return _run(None, arr)
     fac = factorizer_for(m, n, batch, device_arch(data.device.id))
