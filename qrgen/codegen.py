@@ -85,7 +85,7 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
         key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, _vec(schedule.n, c0, panel.width), trail)
         keys.setdefault(key, []).append(c0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
-                               blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 else 0),
+                               blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 and trail else 0),
                                trail=trail))
     kernels = tuple(
         KernelSpec(_name(key), key[0], key[1], key[2], key[3], key[4], key[5], key[6], tuple(cols))

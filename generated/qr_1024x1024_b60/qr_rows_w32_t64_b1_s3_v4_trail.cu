@@ -187,7 +187,7 @@ struct RowsPanel {
   template <int J>
   __device__ __forceinline__ void step() {
     constexpr int ND = J < NB ? NB - J : 0;  // sigma_J and the dots with columns J+1..NB-1
-    constexpr int NG = J >= 2 ? J - 1 : 0;   // G[k][J-1] for k < J-1
+    constexpr int NG = TRAIL && J >= 2 ? J - 1 : 0;  // G[k][J-1] for k < J-1, needed for T only
     float v[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = 0.0f;
@@ -200,7 +200,7 @@ struct RowsPanel {
 #pragma unroll
         for (int k = J + 1; k < NB; ++k) v[k - J] = fmaf(a, x[s][k], v[k - J]);
       }
-      if constexpr (J >= 2) {
+      if constexpr (NG > 0) {
         const float vp = round_input<GRAM>(r > J - 1 ? x[s][J - 1] : (r == J - 1 ? 1.0f : 0.0f));
 #pragma unroll
         for (int k = 0; k < J - 1; ++k) v[ND + k] = fmaf(vp, round_input<GRAM>(x[s][k]), v[ND + k]);
@@ -237,7 +237,7 @@ struct RowsPanel {
         }
       }
     }
-    sync();  // tot and piv are rewritten by the next column
+    if constexpr (J < NB || NG > 0) sync();  // tot and piv are rewritten by the next column
   }
 
   template <int J>
@@ -266,14 +266,17 @@ struct RowsPanel {
     }
     steps<0>();
 
-    // T of the compact WY form, H_0 ... H_{NB-1} = I - V T V^T (LAPACK slarft, forward, columnwise).
-    for (int j = 0; j < NB; ++j) {
-      if (t < j) {
-        float acc = 0.0f;
-        for (int k = t; k < j; ++k) acc = fmaf(sm.tmat[t][k], sm.gram[k][j], acc);
-        sm.tmat[t][j] = -sm.tau[j] * acc;
-      } else if (t < NB) {
-        sm.tmat[t][j] = t == j ? sm.tau[j] : 0.0f;
+    if constexpr (TRAIL) {
+      // T of the compact WY form, H_0 ... H_{NB-1} = I - V T V^T (LAPACK slarft, forward, columnwise):
+      // row t of T depends only on its own earlier entries and on G, so each thread builds its row alone.
+      if (t < NB) {
+        for (int j = 0; j < t; ++j) sm.tmat[t][j] = 0.0f;
+        sm.tmat[t][t] = sm.tau[t];
+        for (int j = t + 1; j < NB; ++j) {
+          float acc = 0.0f;
+          for (int k = t; k < j; ++k) acc = fmaf(sm.tmat[t][k], sm.gram[k][j], acc);
+          sm.tmat[t][j] = -sm.tau[j] * acc;
+        }
       }
       sync();
     }
