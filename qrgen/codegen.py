@@ -32,6 +32,8 @@ class KernelSpec:
     slots: int  # rows each thread holds
     vec: int  # floats per global load
     trail: bool  # columns right of the panel exist: write V^T and (VT)^T for the trailing update
+    slice: int  # columns per warp (cols), 0 otherwise
+    shared_bytes: int  # dynamic shared memory (cols), 0 otherwise
     columns: tuple[int, ...]  # first columns of the panels that use it
 
 
@@ -47,6 +49,7 @@ class Launch:
     blocks: int
     barriers: int
     trail: bool
+    shared_bytes: int
 
 
 @dataclass(frozen=True)
@@ -80,22 +83,37 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
     launches = []
     for panel, c0 in zip(schedule.panels, schedule.starts()):
         rows = schedule.m - c0
-        slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
         trail = c0 + panel.width < schedule.n
-        key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, _vec(schedule.n, c0, panel.width), trail)
+        if panel.variant == "cols":
+            slots = math.ceil(rows / 32)
+            vec = _vec(schedule.n, c0, panel.width, panel.slice)
+            shared = cols_shared_bytes(panel.width, slots, trail)
+        else:
+            slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
+            vec = _vec(schedule.n, c0, panel.width)
+            shared = 0
+        key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, vec, trail, panel.slice, shared)
         keys.setdefault(key, []).append(c0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
                                blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 and trail else 0),
-                               trail=trail))
-    kernels = tuple(
-        KernelSpec(_name(key), key[0], key[1], key[2], key[3], key[4], key[5], key[6], tuple(cols))
-        for key, cols in keys.items())
+                               trail=trail, shared_bytes=shared))
+    kernels = tuple(KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items())
     return kernels, tuple(launches)
 
 
+def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:
+    """Shared memory of a cols panel: every reflector (padded rows), tau, G and T when a trailing update follows,
+    and one 8-byte mbarrier per reflector (the layout of panel_cols in templates/cuda/panel_cols.cuh.j2)."""
+    floats = width * slots * 32 + width + (2 * width * (width + 1) if trail else 0)
+    return 4 * (floats + (floats & 1)) + 8 * width
+
+
 def _name(key: tuple) -> str:
-    variant, width, threads, blocks, slots, vec, trail = key
-    return f"qr_{variant}_w{width}_t{threads}_b{blocks}_s{slots}_v{vec}{'_trail' if trail else ''}"
+    variant, width, threads, blocks, slots, vec, trail, slice_, _ = key
+    trail = "_trail" if trail else ""
+    if variant == "cols":
+        return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{trail}"
+    return f"qr_{variant}_w{width}_t{threads}_b{blocks}_s{slots}_v{vec}{trail}"
 
 
 def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend: str = "cuda") -> Rendered:

@@ -124,10 +124,14 @@ class Factorizer:
             if not self.binaries:
                 self.build()
             funcs = {}
+            shared = {k.name: k.shared_bytes for k in self.kernels}
             for binary in self.binaries:
                 module = cupy.cuda.function.Module()
                 module.load(binary.cubin)
                 func = module.get_function(binary.name)
+                if shared[binary.name] > 48 * 1024:  # past 48 KiB a kernel must ask for its dynamic shared memory
+                    cupy.cuda.driver.funcSetAttribute(
+                        func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared[binary.name])
                 funcs[binary.name] = (module, func)
             self._functions[device_id] = funcs
             return funcs
@@ -289,7 +293,7 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
             func((nb * L.blocks,), (L.threads,),
                  (sc if i == 0 else hc, hc, tc, ws.vt, ws.zt, ws.xch, ws.flags,
                   np.uint32(epoch), np.int32(L.c0), np.int32(L.rows)),
-                 enable_cooperative_groups=L.blocks > 1)
+                 shared_mem=L.shared_bytes, enable_cooperative_groups=L.blocks > 1)
             if stages is not None:
                 stages[-1][3].record()
             if L.blocks > 1:

@@ -110,3 +110,33 @@ def test_every_committed_kernel_compiles_without_spills(tmp_path, monkeypatch):
     bad = {k: (b.spill_bytes, b.stack_bytes) for k, b in binaries.items() if b.spill_bytes or b.stack_bytes}
     assert not bad, f"kernels with spills or stack (bytes): {bad}"
     assert all(0 < b.registers <= 255 for b in binaries.values())
+
+
+COLS_SCHEDULES = [
+    Schedule(176, 176, (Panel(96, "cols", 768, 1, 4), Panel(80, "cols", 640, 1, 4))),
+    Schedule(100, 100, (Panel(48, "cols", 192, 1, 8), Panel(52, "cols", 224, 1, 8))),
+    Schedule(352, 352, tuple(Panel(64, "cols", 512, 1, 4) for _ in range(5)) + (Panel(32, "cols", 256, 1, 4),)),
+    Schedule(300, 70, (Panel(64, "cols", 512, 1, 4), Panel(6, "cols", 96, 1, 2))),
+]
+
+
+def test_cols_plan_shared_memory_and_names():
+    kernels, launches = codegen.plan(COLS_SCHEDULES[0])
+    assert [k.variant for k in kernels] == ["cols", "cols"]
+    assert launches[0].shared_bytes == codegen.cols_shared_bytes(96, 6, True) > 48 * 1024
+    assert launches[1].shared_bytes == codegen.cols_shared_bytes(80, 3, False)
+    assert kernels[0].name == "qr_cols_w96_c4_s6_v4_trail"
+
+
+def test_cols_shared_memory_budget_is_checked():
+    with pytest.raises(ValueError, match="shared memory"):
+        Schedule(288, 288, (Panel(128, "cols", 512, 1, 8), Panel(128, "cols", 512, 1, 8), Panel(32, "warp", 32)))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("schedule", COLS_SCHEDULES, ids=lambda s: f"{s.m}x{s.n}")
+def test_cols_kernels_compile_without_spills(schedule, tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
+    for binary in qcompile.compile_many(items, "sm_90"):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
