@@ -64,6 +64,31 @@ def parser() -> argparse.ArgumentParser:
                    help="directory of schedule files, one folder per arch (default: schedules/)")
     b.add_argument("--no-compile", action="store_true", help="write the module and sources, compile nothing")
     b.add_argument("--jobs", type=_positive, default=None, help="kernels compiled at once (default: CPU count)")
+    b.add_argument("--trials", type=int, default=0,
+                   help="search the schedule first with this many trials (`qrgen tune`): measured on the GPU where "
+                        "there is one, else over the cost model; default 0 (use the tuned file or the default)")
+    b.add_argument("--storage", default=None, help="optuna storage URL for --trials (default: SQLite in the cache)")
+
+    t = sub.add_parser("tune", help="search a shape's schedule with optuna and save it under schedules/<arch>/",
+                       description="Search panel widths, panel kernels and stage precisions for one shape and "
+                                   "batch: the objective is the median time on the GPU (or the cost model's "
+                                   "estimate without one), the constraint is that every stress family passes the "
+                                   "gates with margin (factor <= 10, orthogonality <= 50). Trials are kept in an "
+                                   "optuna study (resumed when run again; Ctrl-C leaves it saved); the best "
+                                   "schedule is written as schedules/<arch>/<m>x<n>_b<batch>.json.")
+    t.add_argument("--shape", type=_shape, required=True, metavar="MxN", help="matrix shape, such as 1024x1024")
+    t.add_argument("--batch", type=_positive, default=1, help="number of matrices (default 1)")
+    t.add_argument("--trials", type=_positive, default=50, help="trials to run now (default 50)")
+    t.add_argument("--arch", default=None, help="target architecture (default: this machine's GPU, else sm_90)")
+    t.add_argument("--storage", default=None,
+                   help="optuna storage URL (default: SQLite in the cache directory, $QRGEN_CACHE_DIR)")
+    t.add_argument("--schedules", type=Path, default=None, help="schedule directory (default: schedules/)")
+    t.add_argument("--multi-objective", action="store_true",
+                   help="minimize time and the worst scaled residual together and print the Pareto front")
+    t.add_argument("--cost-model", action="store_true", help="search over the cost model even where a GPU is present")
+    t.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    t.add_argument("--with-cols", action="store_true",
+                   help="also search the cols panel kernel (not yet validated on the GPU; left out by default)")
 
     s = sub.add_parser("bench", help="time qrgen against torch.geqrf (needs a CUDA GPU)",
                        description="For each case: qrgen's and torch.geqrf's median time (CUDA events, L2 "
@@ -81,16 +106,25 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "build":
+    if args.command in ("tune", "build"):
         from .build import build
+        from .tune import ALL_FAMILIES, FAMILIES, ModelEvaluator, tune_and_save
 
         m, n = args.shape
         try:
             problem = Problem(m, n, args.batch)
             target = Target("cuda", args.arch or _default_arch())
-            build(problem, target, args.out, args.schedules, compile_kernels=not args.no_compile, jobs=args.jobs)
+            if args.command == "tune" or args.trials > 0:
+                cost_model = getattr(args, "cost_model", False)
+                tune_and_save(problem, target, args.trials, args.storage, getattr(args, "multi_objective", False),
+                              args.schedules, getattr(args, "seed", 0),
+                              evaluator=ModelEvaluator(problem) if cost_model else None,
+                              families=ALL_FAMILIES if getattr(args, "with_cols", False) else FAMILIES)
+            if args.command == "build":
+                build(problem, target, args.out, args.schedules, compile_kernels=not args.no_compile,
+                      jobs=args.jobs)
         except (ValueError, RuntimeError, OSError) as exc:
-            print(f"qrgen build: error: {exc}", file=sys.stderr)
+            print(f"qrgen {args.command}: error: {exc}", file=sys.stderr)
             return 2
         return 0
     if args.command == "bench":

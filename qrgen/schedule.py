@@ -269,18 +269,21 @@ def default_precision(problem: Problem) -> Precision:
     return Precision()
 
 
+def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
+    """The heuristic's panel for `rows` rows with `remaining` columns left: the widest of `widths` that one block
+    holds, else several blocks (8 columns wide)."""
+    for width in widths:
+        panel = _panel_for(rows, min(width, remaining))
+        if panel is not None:
+            return panel
+    return _multi_block_panel(rows, min(8, remaining))
+
+
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
-    k = problem.k
     panels: list[Panel] = []
     col = 0
-    while col < k:
-        rows = problem.m - col
-        for width in (32, 16, 8):
-            panel = _panel_for(rows, min(width, k - col))
-            if panel is not None:
-                break
-        else:
-            panel = _multi_block_panel(rows, min(8, k - col))
+    while col < problem.k:
+        panel = default_panel(problem.m - col, problem.k - col)
         panels.append(panel)
         col += panel.width
     return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem))

@@ -157,3 +157,13 @@ def test_cols_variant_every_family(schedule_index):
         h, tau = fac(cupy.asarray(a))
         result = check(a, h, tau)
         assert result.ok, f"{family} {schedule.describe()}: {result}"
+
+
+def test_tune_on_the_gpu(tmp_path):
+    from qrgen.problem import Problem, Target
+    from qrgen.tune import GPUEvaluator, tune_and_save
+
+    problem, target = Problem(64, 64, 8), Target()
+    result, path = tune_and_save(problem, target, 3, f"sqlite:///{tmp_path / 's.sqlite3'}", schedule_root=tmp_path,
+                                 evaluator=GPUEvaluator(problem, target, reps=3), log=lambda _: None)
+    assert path.exists() and result.outcome.accurate and result.outcome.time_us > 0

@@ -1,0 +1,71 @@
+"""A rough time model of a schedule on the H200, for searching without a GPU.
+
+Calibrated against `qrgen bench --profile` on the H200 (BENCHMARKS.md, 2026-11-30): per-column latency of the
+warp/rows panel kernels (1.7 to 4 µs), the flag exchange of multi-block panels (about 10 µs per column on the tall
+shapes; 2 x 4096² with two blocks of 1024 threads paid about 70, not yet understood), cuBLAS
+trailing-update GEMMs (about half the fp32 rate at rank 32, memory-bound and slower at rank 8 and 16), and the host's
+cost per launch. The cols variant has not been measured yet: its term is an instruction count over the clock.
+It ranks schedules; it does not replace measuring them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .codegen import plan
+from .problem import Problem
+from .schedule import Schedule
+
+SMS = 132
+CLOCK_HZ = 1.7e9
+BANDWIDTH = 3.0e12  # bytes/s a trailing-update GEMM reaches at rank 32
+RATE = {"fp32": 25e12, "tf32": 200e12, "bf16": 350e12, "fp16": 350e12}  # FLOP/s reached, not peak
+HOST_US_PER_LAUNCH = 10.0
+GEMM_FIXED_US = 8.0
+MULTI_BLOCK_US_PER_COLUMN = 10.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total_us: float
+    panel_us: float
+    gemm_us: float
+    host_us: float
+
+
+def _column_us(variant: str, threads: int, slots: int, width: int, slice_: int) -> float:
+    if variant == "cols":
+        return (2 * slots * slice_ + 10 * slice_ + 40) / CLOCK_HZ * 1e6
+    return 1.2 + 0.08 * slots * width / 8 + 0.3 * math.log2(threads / 32)
+
+
+def _blocks_per_sm(threads: int, registers: int) -> int:
+    by_regs = 65536 // max(1, registers * threads)
+    return max(1, min(by_regs, 2048 // threads, 32))
+
+
+def estimate(schedule: Schedule, problem: Problem) -> Estimate:
+    kernels, launches = plan(schedule)
+    batch = problem.batch
+    prec = schedule.precision
+    panel_us = gemm_us = 0.0
+    n_launches = 0
+    for index, L in enumerate(launches):
+        res = schedule.resources(index)
+        panel = schedule.panels[index]
+        waves = max(1.0, batch * L.blocks / (SMS * _blocks_per_sm(L.threads, res.registers)))
+        per_column = _column_us(panel.variant, L.threads, res.slots, L.width, panel.slice)
+        if L.blocks > 1:
+            per_column += MULTI_BLOCK_US_PER_COLUMN
+        panel_us += L.width * per_column * waves
+        n_launches += 1
+        if L.trail:
+            nc = schedule.n - L.c0 - L.width
+            flops = 2.0 * L.rows * L.width * nc * batch
+            bandwidth = BANDWIDTH * min(1.0, L.width / 32) ** 0.8
+            for stage, passes in ((prec.project, 1), (prec.update, 2)):
+                seconds = max(flops / RATE[stage], passes * 4.0 * L.rows * nc * batch / bandwidth)
+                gemm_us += seconds * 1e6 + GEMM_FIXED_US
+            n_launches += 2
+    host_us = n_launches * HOST_US_PER_LAUNCH
+    return Estimate(max(panel_us + gemm_us, host_us), panel_us, gemm_us, host_us)

@@ -1,0 +1,371 @@
+"""Schedule search with optuna: the fastest schedule of a shape whose results pass the gates with margin.
+
+The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
+kernel family (warp/rows chosen per panel by the register model, or cols with its column slice), and the input
+precision of each trailing-update stage. Points the resource model rejects never compile. The objective is the
+median time measured on the GPU, or without a GPU the cost model's estimate; the constraint is that a batch of
+every stress family at that shape passes the gates with margin (factor <= 10, orthogonality <= 50), checked on
+the GPU, or without one by the NumPy reference in float32 with the schedule's rounding. A trial that fails
+(rejected, compile error, launch failure, inaccurate) is recorded with its reason and the study goes on.
+Studies live in optuna's RDB storage (SQLite in the cache directory by default) and resume where they stopped.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .compile import cache_dir
+from .problem import Problem, Target
+from .schedule import (PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule, default_panel, load, save)
+
+ROWS_WIDTHS = ("auto", 8, 16, 32)
+COLS_WIDTHS = (32, 48, 64, 96, 128)
+COLS_SLICES = (2, 4, 8)
+SPLITS = (0.25, 0.5, 0.75, 1.0)
+# Panel kernel families searched by default. "cols" is left out until it has run on the GPU (BENCHMARKS.md).
+FAMILIES = ("rows",)
+ALL_FAMILIES = ("rows", "cols")
+TUNE_FACTOR_GATE = 10.0
+TUNE_ORTHOGONALITY_GATE = 50.0
+DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "gram": "fp32", "project": "fp32",
+                  "update": "fp32"}
+
+
+class TrialFailed(Exception):
+    """A trial that produced no usable result; its message is the recorded reason."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    time_us: float
+    factor: float
+    orthogonality: float
+
+    @property
+    def accurate(self) -> bool:
+        return self.factor <= TUNE_FACTOR_GATE and self.orthogonality <= TUNE_ORTHOGONALITY_GATE
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    schedule: Schedule
+    params: dict
+    outcome: Outcome
+    complete: int
+    failed: int
+    study_name: str
+    storage: str
+    pareto: tuple = ()  # (params, Outcome) of the Pareto front, multi-objective only
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The space
+
+
+def schedule_from_params(problem: Problem, params: dict) -> Schedule:
+    """The schedule a point of the space stands for; ValueError where the resource model rejects it."""
+    k = problem.k
+    head_cols = k if params["split"] >= 1.0 else max(1, round(k * params["split"]))
+    family = params["family"]
+    panels: list[Panel] = []
+    col = 0
+    while col < k:
+        phase = "head" if col < head_cols else "tail"
+        rows, remaining = problem.m - col, k - col
+        if family == "rows":
+            width = params[f"rows_{phase}"]
+            panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
+        elif family == "cols":
+            width = min(params[f"cols_{phase}"], remaining)
+            slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
+            panel = Panel(width, "cols", 32 * math.ceil(width / slice_), 1, slice_)
+        else:
+            raise ValueError(f"family must be 'rows' or 'cols', got {family!r}")
+        panels.append(panel)
+        col += panel.width
+    precision = Precision(params["gram"], params["project"], params["update"])
+    return Schedule(problem.m, problem.n, tuple(panels), precision)
+
+
+def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
+    params = {"family": trial.suggest_categorical("family", families),
+              "split": trial.suggest_categorical("split", SPLITS)}
+    phases = ("head",) if params["split"] >= 1.0 else ("head", "tail")
+    for phase in phases:
+        if params["family"] == "rows":
+            params[f"rows_{phase}"] = trial.suggest_categorical(f"rows_{phase}", ROWS_WIDTHS)
+        else:
+            params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
+    if params["family"] == "cols":
+        params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
+    for stage in ("gram", "project", "update"):
+        params[stage] = trial.suggest_categorical(stage, PRECISIONS)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluators: a schedule -> Outcome, or TrialFailed
+
+
+class ModelEvaluator:
+    """No GPU: time from the cost model; accuracy from the NumPy reference in float32, with the schedule's rounding,
+    on one matrix of every stress family at the shape. Shapes past `proxy` rows or columns are judged on a proxy
+    of at most proxy x proxy built from the same parameters; the gates scale with n, so a proxy is stricter than
+    the real shape for the lower precisions (2048 and 4096 are judged at 1024)."""
+
+    name = "cost model (no GPU)"
+
+    def __init__(self, problem: Problem, proxy: int = 1024, batch: int = 1):
+        self.problem = problem
+        self.proxy = Problem(min(problem.m, proxy), min(problem.n, proxy), batch)
+        self.batch = batch
+        self._accuracy: dict[tuple, tuple[float, float]] = {}
+
+    def __call__(self, schedule: Schedule, params: dict) -> Outcome:
+        from .costmodel import estimate
+
+        time_us = estimate(schedule, self.problem).total_us
+        factor, orth = self.accuracy(schedule, params)
+        return Outcome(time_us, factor, orth)
+
+    def accuracy(self, schedule: Schedule, params: dict) -> tuple[float, float]:
+        from . import reference
+        from .check import check
+        from .testing import FAMILIES, stress
+
+        if (self.proxy.m, self.proxy.n) == (self.problem.m, self.problem.n):
+            proxy_schedule = schedule
+        else:
+            try:
+                proxy_schedule = schedule_from_params(self.proxy, params)
+            except ValueError:  # the proxy cannot take these panels: judge the precision on default panels
+                proxy_schedule = schedule_from_params(self.proxy, {**DEFAULT_PARAMS, **_precision_params(params)})
+        key = (proxy_schedule.panels, proxy_schedule.precision)
+        if key not in self._accuracy:
+            worst_f = worst_o = 0.0
+            for i, family in enumerate(FAMILIES):
+                a = stress(family, self.proxy.m, self.proxy.n, self.batch, seed=i)
+                h, tau = reference.geqrf(a, proxy_schedule, dtype=np.float32)
+                f, o = check(a, h, tau).worst()
+                worst_f, worst_o = max(worst_f, f), max(worst_o, o)
+            self._accuracy[key] = (worst_f, worst_o)
+        return self._accuracy[key]
+
+
+def _precision_params(params: dict) -> dict:
+    return {stage: params[stage] for stage in ("gram", "project", "update")}
+
+
+class GPUEvaluator:
+    """On the GPU: the schedule's kernels compiled (cached), timed on random batches (events, L2 flushed, median),
+    and the gates checked on a batch of every stress family."""
+
+    def __init__(self, problem: Problem, target: Target, reps: int = 10):
+        import cupy
+
+        self.problem, self.target, self.reps = problem, target, reps
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        rng = np.random.default_rng(0)
+        shape = (problem.batch, problem.m, problem.n)
+        self.inputs = [cupy.asarray(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
+
+    def __call__(self, schedule: Schedule, params: dict) -> Outcome:
+        import cupy
+
+        from .bench import median_time_us
+        from .check import check
+        from .runtime import Factorizer
+        from .testing import mixed
+
+        fac = Factorizer(self.problem.m, self.problem.n, schedule, self.target.arch)
+        try:
+            fac.build()
+        except RuntimeError as exc:
+            raise TrialFailed(f"compile error: {str(exc)[:300]}") from None
+        try:
+            stream = cupy.cuda.get_current_stream()
+            time_us = median_time_us(lambda x: fac.run(x, stream), self.inputs, self.reps, warmup=2)
+            a, _ = mixed(self.problem.m, self.problem.n, max(10, min(self.problem.batch, 32)), seed=1)
+            h, tau = fac.run(cupy.asarray(a), stream)
+            f, o = check(a, h, tau).worst()
+        except cupy.cuda.runtime.CUDARuntimeError as exc:
+            raise TrialFailed(f"launch failure: {exc}") from None
+        return Outcome(time_us, f, o)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The search
+
+
+def default_storage() -> str:
+    path = cache_dir() / "tune.sqlite3"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def study_name(problem: Problem, target: Target, device: str) -> str:
+    return f"qrgen-{__version__}|{target.arch}|{device}|{problem.m}x{problem.n}|b{problem.batch}"
+
+
+def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> list[dict]:
+    """Parameters of tuned schedules of the same shape (other batches), then the nearest shapes, as warm starts."""
+    folder = Path(root or SCHEDULE_DIR) / target.arch
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        try:
+            schedule, prov = load(path)
+        except (ValueError, OSError):
+            continue
+        params = prov.get("params")
+        if params:
+            distance = abs(math.log((schedule.m * schedule.n) / (problem.m * problem.n)))
+            found.append((distance, params))
+    found.sort(key=lambda item: item[0])
+    return [params for _, params in found[:3]]
+
+
+def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage: str | None = None,
+         multi_objective: bool = False, seed: int = 0, schedule_root: Path | None = None, log=print,
+         families: tuple[str, ...] = FAMILIES) -> TuneResult:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials are reported by the progress line
+    if evaluator is None:
+        evaluator = _default_evaluator(problem, target)
+    storage = storage or default_storage()
+    name = study_name(problem, target, getattr(evaluator, "name", type(evaluator).__name__))
+    if families != FAMILIES:
+        name += "|" + "+".join(families)
+    with warnings.catch_warnings():  # multivariate and group are marked experimental; they suit this space
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                             warn_independent_sampling=False)
+    directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
+    study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
+                                load_if_exists=True)
+    if all(t.state == optuna.trial.TrialState.WAITING for t in study.trials):  # a new study: warm starts
+        study.enqueue_trial(DEFAULT_PARAMS, skip_if_exists=True)
+        for params in _neighbour_params(problem, target, schedule_root):
+            if params.get("family") in families:
+                study.enqueue_trial(params, skip_if_exists=True)
+
+    def objective(trial):
+        params = sample(trial, problem, families)
+        try:
+            schedule = schedule_from_params(problem, params)
+        except ValueError as exc:
+            return _fail(trial, f"rejected by the resource model: {exc}")
+        outcome = evaluator(schedule, params)
+        trial.set_user_attr("time_us", outcome.time_us)
+        trial.set_user_attr("factor", outcome.factor)
+        trial.set_user_attr("orthogonality", outcome.orthogonality)
+        if not outcome.accurate:
+            return _fail(trial, f"inaccurate: factor {outcome.factor:.3g} (limit {TUNE_FACTOR_GATE:g}), "
+                                f"orthogonality {outcome.orthogonality:.3g} (limit {TUNE_ORTHOGONALITY_GATE:g})")
+        return (outcome.time_us, outcome.factor) if multi_objective else outcome.time_us
+
+    start = time.perf_counter()
+    done = [0]
+
+    def progress(study_, trial):
+        done[0] += 1
+        complete = [t for t in study_.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        failed = sum(t.state == optuna.trial.TrialState.FAIL for t in study_.trials)
+        best = min((t.values[0] for t in complete), default=float("nan"))
+        state = "ok" if trial.state == optuna.trial.TrialState.COMPLETE else trial.user_attrs.get("failure", "failed")
+        log(f"[{done[0]}/{trials}] trial {trial.number}: {state[:90]}; best {best:,.1f} µs; "
+            f"{failed} failed; {time.perf_counter() - start:.0f} s")
+
+    try:
+        study.optimize(objective, n_trials=trials, catch=(TrialFailed,), callbacks=[progress])
+    except KeyboardInterrupt:
+        log(f"interrupted: the study keeps its {len(study.trials)} trials in {storage} (run again to resume)")
+    return _result(study, problem, storage, multi_objective)
+
+
+def _fail(trial, reason: str):
+    trial.set_user_attr("failure", reason)
+    raise TrialFailed(reason)
+
+
+def _default_evaluator(problem: Problem, target: Target):
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return GPUEvaluator(problem, target)
+    except Exception:  # no driver or no device: search over the cost model
+        pass
+    return ModelEvaluator(problem)
+
+
+def _outcome(trial) -> Outcome:
+    return Outcome(trial.user_attrs["time_us"], trial.user_attrs["factor"], trial.user_attrs["orthogonality"])
+
+
+def _result(study, problem: Problem, storage: str, multi_objective: bool) -> TuneResult:
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    failed = sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+    if not complete:
+        raise RuntimeError(f"no trial of {study.study_name} passed: {failed} failed; see the study in {storage}")
+    if multi_objective:
+        front = tuple((dict(t.params), _outcome(t)) for t in study.best_trials)
+        best = min(study.best_trials, key=lambda t: t.values[0])
+    else:
+        front = ()
+        best = study.best_trial
+    params = dict(best.params)
+    return TuneResult(schedule_from_params(problem, params), params, _outcome(best), len(complete), failed,
+                      study.study_name, storage, front)
+
+
+def provenance(result: TuneResult, evaluator_name: str) -> dict:
+    from .compile import nvrtc_version
+
+    info = {"origin": f"qrgen tune ({evaluator_name})", "qrgen": __version__,
+            "date": datetime.date.today().isoformat(), "device": evaluator_name,
+            "trials_complete": result.complete, "trials_failed": result.failed,
+            "time_us": round(result.outcome.time_us, 2), "factor": round(result.outcome.factor, 4),
+            "orthogonality": round(result.outcome.orthogonality, 4), "params": result.params,
+            "study": result.study_name, "host": platform.node()}
+    try:
+        info["nvrtc"] = ".".join(map(str, nvrtc_version()))
+    except Exception:
+        pass
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            info["driver"] = cupy.cuda.runtime.driverGetVersion()
+            info["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+    except Exception:
+        pass
+    return info
+
+
+def tune_and_save(problem: Problem, target: Target, trials: int, storage: str | None = None,
+                  multi_objective: bool = False, schedule_root: Path | None = None, seed: int = 0,
+                  evaluator=None, log=print, families: tuple[str, ...] = FAMILIES) -> tuple[TuneResult, Path]:
+    evaluator = evaluator or _default_evaluator(problem, target)
+    log(f"searching {trials} trial(s) for {problem.m}x{problem.n}, batch {problem.batch}, {target.arch} "
+        f"with {getattr(evaluator, 'name', 'GPU')}")
+    result = tune(problem, target, trials, evaluator, storage, multi_objective, seed, schedule_root, log, families)
+    path = save(result.schedule, problem, target, provenance(result, getattr(evaluator, "name", "GPU")),
+                root=schedule_root)
+    log(f"best: {result.outcome.time_us:,.1f} µs, factor {result.outcome.factor:.3g}, orthogonality "
+        f"{result.outcome.orthogonality:.3g}: {result.schedule.describe()}")
+    for params, outcome in result.pareto:
+        log(f"  Pareto: {outcome.time_us:,.1f} µs, factor {outcome.factor:.3g}: {params}")
+    log(f"wrote {path}")
+    return result, path

@@ -1,0 +1,113 @@
+"""No-GPU layer: the schedule search over the cost model, its storage, failures and accuracy constraint."""
+import json
+
+import optuna
+import pytest
+
+from qrgen.costmodel import estimate
+from qrgen.problem import Problem, Target
+from qrgen.schedule import default_schedule
+from qrgen.tune import (DEFAULT_PARAMS, ModelEvaluator, Outcome, TrialFailed, schedule_from_params, tune,
+                        tune_and_save)
+
+
+def _storage(tmp_path):
+    return f"sqlite:///{tmp_path / 'study.sqlite3'}"
+
+
+@pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (100000, 32)])
+def test_default_params_give_the_default_schedule(m, n):
+    problem = Problem(m, n, 3)
+    assert schedule_from_params(problem, DEFAULT_PARAMS) == default_schedule(problem)
+
+
+def test_two_phases_and_cols_family():
+    problem = Problem(200, 200, 2)
+    s = schedule_from_params(problem, {**DEFAULT_PARAMS, "split": 0.5, "rows_head": 32, "rows_tail": 16})
+    assert [p.width for p in s.panels] == [32, 32, 32, 32, 16, 16, 16, 16, 8]
+    c = schedule_from_params(problem, {**DEFAULT_PARAMS, "family": "cols", "cols_head": 64, "slice": 4})
+    assert {p.variant for p in c.panels} == {"cols"} and c.panels[0].threads == 512
+
+
+def test_cost_model_prefers_fewer_launches_and_lower_precision():
+    problem = Problem(1024, 1024, 60)
+    base = estimate(default_schedule(problem), problem)
+    tf32 = estimate(schedule_from_params(problem, {**DEFAULT_PARAMS, "project": "tf32", "update": "tf32"}), problem)
+    assert tf32.gemm_us < base.gemm_us and tf32.panel_us == base.panel_us
+    assert base.total_us >= base.host_us > 0
+
+
+def test_search_runs_resumes_and_writes_provenance(tmp_path):
+    problem, target = Problem(48, 40, 3), Target()
+    lines = []
+    result, path = tune_and_save(problem, target, 6, _storage(tmp_path), schedule_root=tmp_path,
+                                 evaluator=ModelEvaluator(problem), log=lines.append)
+    assert path == tmp_path / "sm_90" / "48x40_b3.json"
+    data = json.loads(path.read_text())
+    prov = data["provenance"]
+    assert prov["device"] == "cost model (no GPU)" and prov["trials_complete"] == result.complete >= 1
+    assert prov["params"] == result.params and prov["factor"] <= 10
+    assert any(line.startswith("[6/6]") for line in lines)
+    again = tune(problem, target, 4, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
+    study = optuna.load_study(study_name=again.study_name, storage=_storage(tmp_path))
+    assert len(study.trials) == 10  # the second run resumed the same study
+
+
+def test_inaccurate_precision_is_never_best(tmp_path):
+    """bf16 everywhere is the cost model's fastest point and fails the stress families: it is recorded as a failed
+    trial with its reason and never returned."""
+    problem = Problem(96, 96, 4)
+    evaluator = ModelEvaluator(problem)
+    bf16 = {**DEFAULT_PARAMS, "gram": "bf16", "project": "bf16", "update": "bf16"}
+    fast = evaluator(schedule_from_params(problem, bf16), bf16)
+    assert not fast.accurate
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = _storage(tmp_path)
+    name = f"qrgen-0.1.0|sm_90|{evaluator.name}|96x96|b4"
+    optuna.create_study(study_name=name, storage=storage).enqueue_trial(bf16)
+    result = tune(problem, Target(), 8, evaluator, storage, log=lambda _: None)
+    assert result.params != bf16 and result.outcome.accurate
+    assert result.outcome.time_us > fast.time_us
+    failed = [t for t in optuna.load_study(study_name=name, storage=storage).trials
+              if t.state == optuna.trial.TrialState.FAIL]
+    assert any(t.params == bf16 and t.user_attrs["failure"].startswith("inaccurate") for t in failed)
+
+
+def test_rejected_and_crashing_trials_are_recorded(tmp_path):
+    problem = Problem(64, 64, 2)
+    calls = []
+
+    def evaluator(schedule, params):
+        calls.append(params)
+        if len(calls) == 2:
+            raise TrialFailed("launch failure: simulated")
+        return Outcome(100.0 + len(calls), 0.1, 0.1)
+
+    result = tune(problem, Target(), 5, evaluator, _storage(tmp_path), log=lambda _: None)
+    study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) >= 1 and result.failed >= 1
+    assert result.outcome.time_us == min(t.values[0] for t in study.trials if t.values)
+
+
+def test_ctrl_c_leaves_the_study_saved(tmp_path):
+    problem = Problem(64, 64, 2)
+    calls = []
+
+    def evaluator(schedule, params):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return Outcome(50.0 + len(calls), 0.1, 0.1)
+
+    lines = []
+    result = tune(problem, Target(), 10, evaluator, _storage(tmp_path), log=lines.append)
+    assert result.complete == 2 and any("interrupted" in line for line in lines)
+    assert len(optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path)).trials) >= 2
+
+
+def test_multi_objective_front(tmp_path):
+    problem = Problem(64, 64, 2)
+    result = tune(problem, Target(), 6, ModelEvaluator(problem), _storage(tmp_path), multi_objective=True,
+                  log=lambda _: None)
+    assert result.pareto and all(outcome.accurate for _, outcome in result.pareto)
