@@ -17,7 +17,8 @@ def round_to(x: np.ndarray, precision: str) -> np.ndarray:
     if precision == "fp32" or x.dtype != np.float32:
         return x
     if precision == "fp16":
-        return x.astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):  # past 65504 fp16 overflows to inf, as the hardware does
+            return x.astype(np.float16).astype(np.float32)
     bits = np.ascontiguousarray(x).view(np.uint32)
     if precision == "tf32":  # 10 mantissa bits, nearest, ties away from zero (cvt.rna.tf32.f32)
         out = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
