@@ -30,7 +30,6 @@ class _Array:
     """The input seen as a CuPy array (no copy), and how to hand results back as the caller's kind."""
 
     data: object  # cupy.ndarray
-    kind: str  # "torch", "cupy" or a module name with from_dlpack
     stream_ptr: int | None  # the caller's current stream (torch), None for CuPy's current stream
     wrap: object = field(default=None)
 
@@ -51,10 +50,10 @@ def as_device_array(a) -> _Array:
         stream = torch.cuda.current_stream(a.device).cuda_stream
         with cupy.cuda.Device(a.device.index):
             data = cupy.from_dlpack(a.detach()) if a.numel() else cupy.empty(tuple(a.shape), cupy.float32)
-        return _Array(data, "torch", stream, torch.from_dlpack)
+        return _Array(data, stream, torch.from_dlpack)
     if isinstance(a, cupy.ndarray):
         _check_dtype(str(a.dtype))
-        return _Array(a, "cupy", None, lambda x: x)
+        return _Array(a, None, lambda x: x)
     if isinstance(a, np.ndarray) or not hasattr(a, "__dlpack__"):
         hint = " (a NumPy array lives on the host: use cupy.asarray(a))" if isinstance(a, np.ndarray) else ""
         raise TypeError(f"qrgen takes a float32 array on a CUDA device (torch.Tensor, cupy.ndarray or any "
@@ -70,7 +69,7 @@ def as_device_array(a) -> _Array:
     _check_dtype(str(data.dtype))
     module = sys.modules.get(type(a).__module__.split(".")[0])
     back = getattr(module, "from_dlpack", None) if module is not None else None
-    return _Array(data, type(a).__module__, None, back or (lambda x: x))
+    return _Array(data, None, back or (lambda x: x))
 
 
 def _check_dtype(name: str) -> None:
@@ -97,7 +96,7 @@ class Factorizer:
         # A one-panel schedule reads the input directly (no copy first) when it is aligned for the kernel's loads.
         vec = {k.name: k.vec for k in self.kernels}
         self._direct_vec = vec[self.launches[0].kernel] if len(self.launches) == 1 else 0
-        self._functions: dict[int, dict] = {}  # device id -> kernel name -> (function, capacity)
+        self._functions: dict[int, dict] = {}  # device id -> kernel name -> (module, function)
         self._lock = threading.Lock()
         self.binaries: list[Binary] = []
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
