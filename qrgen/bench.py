@@ -23,6 +23,7 @@ class Timing:
     factor: float
     orthogonality: float
     passed: bool
+    mixed_us: float | None = None  # the same call on a batch of every stress family at random positions
 
     @property
     def speedup(self) -> float | None:
@@ -59,7 +60,7 @@ def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str 
 
 
 def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True, torch_reps: int = 5,
-             seed: int = 0) -> Timing:
+             seed: int = 0, with_mixed: bool = False) -> Timing:
     """Time qrgen.geqrf (CuPy arrays) and torch.geqrf (on the same stream, same inputs) and check the gates."""
     import cupy
 
@@ -73,6 +74,11 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     geqrf(inputs[0])  # build or load the kernels outside the timing
     cupy.cuda.get_current_stream().synchronize()
     qrgen_us = median_time_us(geqrf, inputs, reps)
+    mixed_us = None
+    if with_mixed:  # no structure is detected: a hostile batch must cost what a dense one does
+        hostile = [cupy.asarray(mixed(m, n, batch, seed=seed + 10 + i)[0]) for i in range(2)]
+        mixed_us = median_time_us(geqrf, hostile, reps)
+        del hostile
     torch_us = None
     if with_torch:
         import torch
@@ -85,17 +91,22 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     h, tau = geqrf(cupy.asarray(a))
     result = check(a, h, tau)
     f, o = result.worst()
-    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok)
+    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok, mixed_us)
 
 
 def table(rows: list[Timing]) -> str:
-    lines = ["| batch x shape | qrgen µs | torch.geqrf µs | speed-up | factor | orthogonality | gates |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    mixed = any(r.mixed_us is not None for r in rows)
+    lines = ["| batch x shape | qrgen µs |" + (" mixed batch µs |" if mixed else "")
+             + " torch.geqrf µs | speed-up | factor | orthogonality | gates |",
+             "|---|---:|" + ("---:|" if mixed else "") + "---:|---:|---:|---:|---|"]
     for r in rows:
         shape = f"{r.m}²" if r.m == r.n else f"{r.m}x{r.n}"
         torch_us = "—" if r.torch_us is None else f"{r.torch_us:,.0f}"
         speed = "—" if r.speedup is None else f"{r.speedup:.1f}x"
-        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} | {torch_us} | {speed} | {r.factor:.2f} | "
+        mixed_cell = ""
+        if mixed:
+            mixed_cell = " — |" if r.mixed_us is None else f" {r.mixed_us:,.1f} ({r.mixed_us / r.qrgen_us - 1:+.0%}) |"
+        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{mixed_cell} {torch_us} | {speed} | {r.factor:.2f} | "
                      f"{r.orthogonality:.2f} | {'pass' if r.passed else 'FAIL'} |")
     return "\n".join(lines)
 

@@ -99,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tall", action="store_true", help="the single and tall cases instead of the reference batches")
     s.add_argument("--reps", type=_positive, default=20, help="timed runs of qrgen per case (default 20)")
     s.add_argument("--no-torch", action="store_true", help="do not time torch.geqrf")
+    s.add_argument("--mixed", action="store_true",
+                   help="also time a batch of every stress family at random positions (should cost what a dense one does)")
     s.add_argument("--profile", action="store_true",
                    help="also print each case's GPU time by stage (panel kernels, the two trailing-update GEMMs)")
     return p
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows = []
         for batch, m, n in cases:
-            row = run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch)
+            row = run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch, with_mixed=args.mixed)
             torch_us = "—" if row.torch_us is None else f"{row.torch_us:,.0f} µs"
             print(f"{batch} x {m}x{n}: qrgen {row.qrgen_us:,.1f} µs, torch.geqrf {torch_us}, "
                   f"gates {'pass' if row.passed else 'FAIL'}", flush=True)

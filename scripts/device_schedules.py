@@ -1,4 +1,7 @@
-"""Run on the GPU machine: time alternative schedules for one shape (same inputs, same run)."""
+"""Run on the GPU machine: time alternative schedules for one shape (same inputs, same run).
+
+    python scripts/device_schedules.py BATCH,M,N [WIDTH:THREADS:BLOCKS[:prec] | cols:WIDTH:SLICE[:prec]] ...
+"""
 import sys
 
 import cupy
@@ -11,9 +14,11 @@ from qrgen.schedule import Panel, Precision, Schedule, default_schedule
 from qrgen.problem import Problem
 
 
-def uniform(m, n, width, threads, blocks=1, variant="rows", prec=Precision()):
+def uniform(m, n, width, threads, blocks=1, variant="rows", prec=Precision(), slice_=0):
     k = min(m, n)
     widths = [width] * (k // width) + ([k % width] if k % width else [])
+    if variant == "cols":
+        return Schedule(m, n, tuple(Panel(w, "cols", 32 * -(-w // slice_), 1, slice_) for w in widths), prec)
     return Schedule(m, n, tuple(Panel(w, variant, threads, blocks) for w in widths), prec)
 
 
@@ -23,7 +28,12 @@ def main():
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
     variants = {"default": default_schedule(Problem(m, n, batch))}
     for spec in sys.argv[2:]:
-        w, t, b, *p = spec.split(":")
+        if spec.startswith("cols:"):  # cols:WIDTH:SLICE[:precision]
+            _, w, c, *p = spec.split(":")
+            prec = Precision(p[0], p[0], p[0]) if p else Precision()
+            variants[spec] = uniform(m, n, int(w), 0, 1, "cols", prec, int(c))
+            continue
+        w, t, b, *p = spec.split(":")  # WIDTH:THREADS:BLOCKS[:precision]
         prec = Precision(p[0], p[0], p[0]) if p else Precision()
         variants[spec] = uniform(m, n, int(w), int(t), int(b), "warp" if int(t) == 32 else "rows", prec)
     for name, sched in variants.items():
