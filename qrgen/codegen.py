@@ -39,7 +39,8 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class Launch:
-    """One panel of the schedule: which kernel, where, and how many flag arrivals per block it makes."""
+    """One panel of the schedule: which kernel, where, how many flag arrivals per block it makes, which columns
+    its own trailing update covers and where its reflectors go in its aggregate's V^T buffer."""
 
     kernel: str
     c0: int
@@ -48,8 +49,27 @@ class Launch:
     threads: int
     blocks: int
     barriers: int
-    trail: bool
+    trail: bool  # the kernel writes V^T and (VT)^T
     shared_bytes: int
+    nc: int  # columns right of the panel that its own two GEMMs update (to the end of its aggregate)
+    v_row: int  # the panel's first row (and column) inside its aggregate's V^T buffer
+    v_ld: int  # rows of that buffer (its leading dimension)
+    v_bs: int  # floats per matrix in that buffer
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Columns [a0, a1) whose merged compact WY form updates columns [a1, n) after its last panel."""
+
+    a0: int
+    a1: int
+    rows: int
+    nc: int
+    first: int  # panel indices first..last
+    last: int
+
+
+TMAT_KERNEL = "qr_tmat"
 
 
 @dataclass(frozen=True)
@@ -77,13 +97,34 @@ def _vec(*values: int) -> int:
     return 1
 
 
+def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
+    """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel."""
+    if not schedule.aggregate:
+        return ()
+    k, size = min(schedule.m, schedule.n), schedule.aggregate
+    starts = schedule.starts()
+    out = []
+    for a0 in range(0, k, size):
+        a1 = min(a0 + size, k)
+        panels = [i for i, c in enumerate(starts) if a0 <= c < a1]
+        out.append(Aggregate(a0, a1, schedule.m - a0, schedule.n - a1, panels[0], panels[-1]))
+    return tuple(out)
+
+
 def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]]:
     """The distinct kernels a schedule needs, and the launch of each panel in order."""
     keys: dict[tuple, list[int]] = {}
     launches = []
-    for panel, c0 in zip(schedule.panels, schedule.starts()):
+    aggs = aggregates(schedule)
+    for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
         rows = schedule.m - c0
-        trail = c0 + panel.width < schedule.n
+        agg = next((a for a in aggs if a.first <= index <= a.last), None)
+        if agg is None:
+            nc, v_row, v_ld, v_bs = schedule.n - c0 - panel.width, 0, rows, panel.width * rows
+        else:
+            width = agg.a1 - agg.a0
+            nc, v_row, v_ld, v_bs = agg.a1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
+        trail = nc > 0 or (agg is not None and agg.nc > 0)
         if panel.variant == "cols":
             slots = math.ceil(rows / 32)
             vec = _vec(schedule.n, c0, panel.width, panel.slice)
@@ -96,9 +137,13 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
         keys.setdefault(key, []).append(c0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
                                blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 and trail else 0),
-                               trail=trail, shared_bytes=shared))
-    kernels = tuple(KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items())
-    return kernels, tuple(launches)
+                               trail=trail, shared_bytes=shared, nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs))
+    kernels = [KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items()]
+    if any(a.nc > 0 for a in aggs):
+        threads = 32 * math.ceil(max(a.a1 - a.a0 for a in aggs) / 32)
+        kernels.append(KernelSpec(TMAT_KERNEL, "tmat", 0, threads, 1, 0, 1, False, 0, 0,
+                                  tuple(a.a0 for a in aggs if a.nc > 0)))
+    return tuple(kernels), tuple(launches)
 
 
 def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .codegen import plan
+from .codegen import aggregates, plan
 from .problem import Problem
 from .schedule import Schedule
 
@@ -44,6 +44,13 @@ def _blocks_per_sm(threads: int, registers: int) -> int:
     return max(1, min(by_regs, 2048 // threads, 32))
 
 
+def _gemm_us(rows: int, cols: int, depth: int, batch: int, precision: str, passes: int) -> float:
+    """A product of (rows x depth) by (depth x cols) per matrix whose output (rows x cols) is read `passes` times."""
+    flops = 2.0 * rows * cols * depth * batch
+    bandwidth = BANDWIDTH * min(1.0, depth / 32) ** 0.8
+    return max(flops / RATE[precision], passes * 4.0 * rows * cols * batch / bandwidth) * 1e6 + GEMM_FIXED_US
+
+
 def estimate(schedule: Schedule, problem: Problem) -> Estimate:
     kernels, launches = plan(schedule)
     batch = problem.batch
@@ -59,13 +66,18 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
             per_column += MULTI_BLOCK_US_PER_COLUMN
         panel_us += L.width * per_column * waves
         n_launches += 1
-        if L.trail:
-            nc = schedule.n - L.c0 - L.width
-            flops = 2.0 * L.rows * L.width * nc * batch
-            bandwidth = BANDWIDTH * min(1.0, L.width / 32) ** 0.8
-            for stage, passes in ((prec.project, 1), (prec.update, 2)):
-                seconds = max(flops / RATE[stage], passes * 4.0 * L.rows * nc * batch / bandwidth)
-                gemm_us += seconds * 1e6 + GEMM_FIXED_US
+        if L.nc > 0:
+            # W (width x nc) reads C once; C -= V W reads and writes it.
+            gemm_us += _gemm_us(L.width, L.nc, L.rows, batch, prec.project, 1)
+            gemm_us += _gemm_us(L.rows, L.nc, L.width, batch, prec.update, 2)
             n_launches += 2
+    for agg in aggregates(schedule):
+        if agg.nc > 0:
+            a = agg.a1 - agg.a0
+            gemm_us += _gemm_us(a, a, agg.rows, batch, prec.gram, 1) + _gemm_us(a, agg.rows, a, batch, "fp32", 1)
+            gemm_us += _gemm_us(a, agg.nc, agg.rows, batch, prec.project, 1)
+            gemm_us += _gemm_us(agg.rows, agg.nc, a, batch, prec.update, 2)
+            panel_us += a * 0.05  # the T kernel: one thread per row, a steps
+            n_launches += 6
     host_us = n_launches * HOST_US_PER_LAUNCH
     return Estimate(max(panel_us + gemm_us, host_us), panel_us, gemm_us, host_us)

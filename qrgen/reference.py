@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .codegen import aggregates, plan
 from .schedule import Schedule, default_schedule
 from .problem import Problem
 
@@ -88,17 +89,30 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
     prec = schedule.precision
     low = np.dtype(dtype) == np.float32
     rnd = (lambda x, p: round_to(x, p)) if low else (lambda x, p: x)
-    for c0, panel in zip(schedule.starts(), schedule.panels):
-        w = panel.width
+
+    def update(v, z, c):  # C -= V (Z^T C), each product's inputs rounded as its stage says
+        wmat = np.matmul(rnd(z, prec.project).transpose(0, 2, 1), rnd(c, prec.project))
+        return c - np.matmul(rnd(v, prec.update), rnd(wmat, prec.update))
+
+    def wy(v, t):  # Z = V T with T from the Gram matrix (inputs rounded as the gram stage says) and tau
+        vr = rnd(v, prec.gram)
+        return np.matmul(v, _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t))
+
+    _, launches = plan(schedule)
+    after = {a.last: a for a in aggregates(schedule) if a.nc > 0}
+    for index, L in enumerate(launches):
+        c0, w = L.c0, L.width
         p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
         t, v = _panel(p)
         h[:, c0:, c0:c0 + w] = p
         tau[:, c0:c0 + w] = t
-        if c0 + w < n:
-            vr = rnd(v, prec.gram)
-            gram = np.matmul(vr.transpose(0, 2, 1), vr)
-            z = np.matmul(v, _tmatrix(gram, t))
-            c = h[:, c0:, c0 + w:]
-            wmat = np.matmul(rnd(z, prec.project).transpose(0, 2, 1), rnd(c, prec.project))
-            h[:, c0:, c0 + w:] = c - np.matmul(rnd(v, prec.update), rnd(wmat, prec.update))
+        if L.nc > 0:
+            right = slice(c0 + w, c0 + w + L.nc)
+            h[:, c0:, right] = update(v, wy(v, t), h[:, c0:, right])
+        agg = after.get(index)
+        if agg is not None:  # the aggregate's reflectors, merged, update the columns right of it
+            vg = np.tril(h[:, agg.a0:, agg.a0:agg.a1], -1)
+            diag = np.arange(agg.a1 - agg.a0)
+            vg[:, diag, diag] = 1
+            h[:, agg.a0:, agg.a1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1]), h[:, agg.a0:, agg.a1:])
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)

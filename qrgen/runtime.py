@@ -92,6 +92,7 @@ class Factorizer:
         self.schedule = schedule
         self.arch = arch
         self.kernels, self.launches = codegen.plan(schedule)
+        self.aggregates = codegen.aggregates(schedule)
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule reads the input directly (no copy first) when it is aligned for the kernel's loads.
         vec = {k.name: k.vec for k in self.kernels}
@@ -235,6 +236,70 @@ def _external_stream(ptr: int):
     return stream
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """Floats per matrix of each work buffer a plan needs beside h and tau."""
+
+    vt: int  # V^T of a panel, or of an aggregate (its panels write into it)
+    zt: int  # (V T)^T of a panel
+    w: int  # W of a trailing update
+    g: int  # G and T of an aggregate
+    zg: int  # (V T)^T of an aggregate
+
+    @classmethod
+    def of(cls, fac: "Factorizer") -> "Sizes":
+        trail = [L for L in fac.launches if L.trail] or fac.launches
+        aggs = [a for a in fac.aggregates if a.nc > 0]
+        return cls(vt=max(L.v_bs for L in trail),
+                   zt=max(L.width * L.rows for L in trail),
+                   w=max([L.width * L.nc for L in fac.launches] + [(a.a1 - a.a0) * a.nc for a in aggs] + [1]),
+                   g=max([(a.a1 - a.a0) ** 2 for a in aggs] + [1]),
+                   zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [1]))
+
+
+def drive(fac: "Factorizer", engine) -> None:
+    """The launch sequence of one chunk of matrices, on any engine (CuPy here; NumPy in qrgen.simulate).
+
+    Operands are (buffer name, float offset within a matrix); each buffer holds the chunk's matrices at a fixed
+    stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate.
+    After an aggregate's last panel: G = V^T V, T from G and tau, (V T)^T, then the same two products on the
+    columns right of the aggregate.
+    """
+    m, n = fac.m, fac.n
+    prec = fac.schedule.precision
+    sizes = engine.sizes
+    epoch = 0
+    by_last = {a.last: a for a in fac.aggregates if a.nc > 0}
+    firsts = {a.first for a in fac.aggregates if a.nc > 0}
+    for index, L in enumerate(fac.launches):
+        if index in firsts:
+            engine.zero("vt")  # an aggregate's V^T is zero above each panel's rows
+        engine.panel(index, L, epoch, L.v_row * L.v_ld + L.v_row)
+        if L.blocks > 1:
+            epoch += L.blocks * L.barriers
+        v = ("vt", L.v_row * L.v_ld + L.v_row)
+        if L.nc > 0:
+            c = ("h", L.c0 * n + L.c0 + L.width)
+            engine.gemm("project", False, False, L.width, L.nc, L.rows, 1.0, ("zt", 0), L.rows, L.width * L.rows,
+                        c, n, m * n, 0.0, ("w", 0), L.nc, sizes.w, prec.project)
+            engine.gemm("update", True, False, L.rows, L.nc, L.width, -1.0, v, L.v_ld, L.v_bs,
+                        ("w", 0), L.nc, sizes.w, 1.0, c, n, m * n, prec.update)
+        agg = by_last.get(index)
+        if agg is not None:
+            a, rows = agg.a1 - agg.a0, agg.rows
+            vbs = a * rows
+            engine.gemm("gram", False, True, a, a, rows, 1.0, ("vt", 0), rows, vbs, ("vt", 0), rows, vbs,
+                        0.0, ("g", 0), a, sizes.g, prec.gram)
+            engine.tmat(agg)
+            engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, ("vt", 0), rows, vbs,
+                        0.0, ("zg", 0), rows, sizes.zg, "fp32")
+            c = ("h", agg.a0 * n + agg.a1)
+            engine.gemm("project", False, False, a, agg.nc, rows, 1.0, ("zg", 0), rows, sizes.zg, c, n, m * n,
+                        0.0, ("w", 0), agg.nc, sizes.w, prec.project)
+            engine.gemm("update", True, False, rows, agg.nc, a, -1.0, ("vt", 0), rows, vbs, ("w", 0), agg.nc,
+                        sizes.w, 1.0, c, n, m * n, prec.update)
+
+
 class _Workspace:
     """Buffers the launch sequence needs beside h and tau, kept between calls."""
 
@@ -248,82 +313,101 @@ class _Workspace:
                 _, func = funcs[launch.kernel]
                 per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
-        trail = [L for L in fac.launches if L.trail]
-        self.vt_size = max((L.width * L.rows for L in trail), default=1)
-        self.w_size = max((L.width * (fac.n - L.c0 - L.width) for L in trail), default=1)
+        self.sizes = Sizes.of(fac)
+        self.buffers = {name: cupy.empty((self.chunk, getattr(self.sizes, name)), dtype=cupy.float32)
+                        for name in ("vt", "zt", "w", "g", "zg")}
+        self.buffers["t"] = cupy.empty((self.chunk, self.sizes.g), dtype=cupy.float32)
         max_blocks = max(L.blocks for L in fac.launches)
-        self.vt = cupy.empty((self.chunk, self.vt_size), dtype=cupy.float32)
-        self.zt = cupy.empty((self.chunk, self.vt_size), dtype=cupy.float32)
-        self.w = cupy.empty((self.chunk, self.w_size), dtype=cupy.float32)
         self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
         self.multi_block = max_blocks > 1
 
 
-_ONE = np.array(1.0, dtype=np.float32)
-_MINUS_ONE = np.array(-1.0, dtype=np.float32)
-_ZERO = np.array(0.0, dtype=np.float32)
+_SCALARS = {value: np.array(value, dtype=np.float32) for value in (1.0, -1.0, 0.0)}
+
+
+class _CupyEngine:
+    """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
+
+    def __init__(self, fac: "Factorizer", ws: _Workspace, funcs: dict, h, tau, src, stages: list | None):
+        import cupy
+        from cupy_backends.cuda.libs import cublas
+
+        self.fac, self.ws, self.funcs, self.stages = fac, ws, funcs, stages
+        self.cupy, self.cublas = cupy, cublas
+        self.handle = cupy.cuda.device.get_cublas_handle()
+        self.sizes = ws.sizes
+        self.nb = h.shape[0]
+        self.h, self.tau, self.src = h, tau, src
+        self.strides = {"h": fac.m * fac.n, "vt": ws.sizes.vt, "zt": ws.sizes.zt, "w": ws.sizes.w,
+                        "g": ws.sizes.g, "t": ws.sizes.g, "zg": ws.sizes.zg}
+        self.ptrs = {"h": h.data.ptr, **{k: b.data.ptr for k, b in ws.buffers.items()}}
+
+    def _mark(self, stage, launch):
+        if self.stages is None:
+            return None
+        start, stop = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+        start.record()
+        self.stages.append((stage, launch, start, stop))
+        return stop
+
+    def _done(self, stop):
+        if stop is not None:
+            stop.record()
+
+    def zero(self, name):
+        stream = self.cupy.cuda.get_current_stream()
+        self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], stream.ptr)
+
+    def panel(self, index, L, epoch, vt_offset):
+        _, func = self.funcs[L.kernel]
+        src = self.src if (index == 0 and self.src is not None) else self.h
+        stop = self._mark("panel", L)
+        func((self.nb * L.blocks,), (L.threads,),
+             (src, self.h, self.tau, np.uint64(self.ptrs["vt"] + 4 * vt_offset), self.ws.buffers["zt"],
+              self.ws.xch, self.ws.flags, np.uint32(epoch), np.int32(L.c0), np.int32(L.rows),
+              np.int32(L.v_ld), np.int64(L.v_bs)),
+             shared_mem=L.shared_bytes, enable_cooperative_groups=L.blocks > 1)
+        self._done(stop)
+
+    def tmat(self, agg):
+        from .codegen import TMAT_KERNEL
+
+        _, func = self.funcs[TMAT_KERNEL]
+        a = agg.a1 - agg.a0
+        stop = self._mark("tmat", None)
+        func((self.nb,), (32 * -(-a // 32),),
+             (self.ws.buffers["g"], np.uint64(self.tau.data.ptr + 4 * agg.a0), self.ws.buffers["t"], np.int32(a),
+              np.int64(self.sizes.g), np.int32(self.fac.k)))
+        self._done(stop)
+
+    def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+             precision):
+        """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T."""
+        stop = self._mark(stage, None)
+        self.cublas.gemmStridedBatchedEx(
+            self.handle, int(trans_b), int(trans_a), cols, rows, depth,
+            _SCALARS[alpha].ctypes.data, self.ptrs[b[0]] + 4 * b[1], CUDA_R_32F, ldb, sb,
+            self.ptrs[a[0]] + 4 * a[1], CUDA_R_32F, lda, sa,
+            _SCALARS[beta].ctypes.data, self.ptrs[c[0]] + 4 * c[1], CUDA_R_32F, ldc, sc,
+            self.nb, COMPUTE_TYPE[precision], CUBLAS_GEMM_DEFAULT)
+        self._done(stop)
 
 
 def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None) -> None:
     """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
     (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
-    as (stage, launch, start, stop), stage being "panel", "project" or "update" (for profiling)."""
-    import cupy
-    from cupy_backends.cuda.libs import cublas
-
+    as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate"."""
     funcs = fac._load(device_id)
-    batch, m, n = h.shape
-    handle = cupy.cuda.device.get_cublas_handle()
-    prec = fac.schedule.precision
+    batch = h.shape[0]
     for b0 in range(0, batch, ws.chunk):
         nb = min(ws.chunk, batch - b0)
         whole = nb == batch
         hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
-        sc = hc if src is None else (src if whole else src[b0:b0 + nb])
+        sc = None if src is None else (src if whole else src[b0:b0 + nb])
         if ws.multi_block:
             ws.flags.fill(0)
-        epoch = 0
-        for i, L in enumerate(fac.launches):
-            _, func = funcs[L.kernel]
-            if stages is not None:
-                stages.append(("panel", L, cupy.cuda.Event(), cupy.cuda.Event()))
-                stages[-1][2].record()
-            func((nb * L.blocks,), (L.threads,),
-                 (sc if i == 0 else hc, hc, tc, ws.vt, ws.zt, ws.xch, ws.flags,
-                  np.uint32(epoch), np.int32(L.c0), np.int32(L.rows)),
-                 shared_mem=L.shared_bytes, enable_cooperative_groups=L.blocks > 1)
-            if stages is not None:
-                stages[-1][3].record()
-            if L.blocks > 1:
-                epoch += L.blocks * L.barriers
-            if not L.trail:
-                continue
-            nc = n - L.c0 - L.width
-            c_ptr = hc.data.ptr + 4 * (L.c0 * n + L.c0 + L.width)
-            vstride = L.width * L.rows  # the panel kernel packs V^T and (VT)^T per matrix
-            # W (width x nc) = (V T)^T C, then C -= V W; row-major operands handed to column-major cuBLAS.
-            if stages is not None:
-                stages.append(("project", L, cupy.cuda.Event(), cupy.cuda.Event()))
-                stages[-1][2].record()
-            cublas.gemmStridedBatchedEx(
-                handle, CUBLAS_OP_N, CUBLAS_OP_N, nc, L.width, L.rows,
-                _ONE.ctypes.data, c_ptr, CUDA_R_32F, n, m * n,
-                ws.zt.data.ptr, CUDA_R_32F, L.rows, vstride,
-                _ZERO.ctypes.data, ws.w.data.ptr, CUDA_R_32F, nc, ws.w_size,
-                nb, COMPUTE_TYPE[prec.project], CUBLAS_GEMM_DEFAULT)
-            if stages is not None:
-                stages[-1][3].record()
-                stages.append(("update", L, cupy.cuda.Event(), cupy.cuda.Event()))
-                stages[-1][2].record()
-            cublas.gemmStridedBatchedEx(
-                handle, CUBLAS_OP_N, CUBLAS_OP_T, nc, L.rows, L.width,
-                _MINUS_ONE.ctypes.data, ws.w.data.ptr, CUDA_R_32F, nc, ws.w_size,
-                ws.vt.data.ptr, CUDA_R_32F, L.rows, vstride,
-                _ONE.ctypes.data, c_ptr, CUDA_R_32F, n, m * n,
-                nb, COMPUTE_TYPE[prec.update], CUBLAS_GEMM_DEFAULT)
-            if stages is not None:
-                stages[-1][3].record()
+        drive(fac, _CupyEngine(fac, ws, funcs, hc, tc, sc, stages))
 
 
 # ---------------------------------------------------------------------------------------------------------------

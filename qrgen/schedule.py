@@ -28,6 +28,8 @@ MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
 # (rows: 108 used where the tile is 32; cols: 80 where the model gives 70 without overhead) and checked in tests.
 REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32}
 
+MAX_AGGREGATE = 256  # the T kernel of an aggregate runs one thread per column, in one block
+
 SCHEDULE_DIR = Path(__file__).resolve().parent.parent / "schedules"
 
 
@@ -106,6 +108,10 @@ class Schedule:
     n: int
     panels: tuple[Panel, ...]
     precision: Precision = field(default_factory=Precision)
+    # Columns per aggregate: 0, every panel updates all the columns right of it; A > 0, a panel updates the columns
+    # of its aggregate (A columns from a multiple of A) and each aggregate's compact WY form, merged from its
+    # panels', updates the rest at once (rank-A updates instead of rank-width ones).
+    aggregate: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "panels", tuple(self.panels))
@@ -113,6 +119,15 @@ class Schedule:
         widths = [p.width for p in self.panels]
         if sum(widths) != k:
             raise ValueError(f"Schedule.panels widths {widths} sum to {sum(widths)}, must sum to min(m, n) = {k}")
+        if not isinstance(self.aggregate, int) or self.aggregate < 0 or self.aggregate > MAX_AGGREGATE:
+            raise ValueError(f"Schedule.aggregate must be 0 (off) or a column count up to {MAX_AGGREGATE}, "
+                             f"got {self.aggregate!r}")
+        if self.aggregate:
+            starts = set(self.starts())
+            cut = next((c for c in range(self.aggregate, k, self.aggregate) if c not in starts), None)
+            if cut is not None:
+                raise ValueError(f"Schedule.aggregate {self.aggregate}: column {cut} starts an aggregate but no "
+                                 f"panel; panels must not straddle aggregates (panel starts: {sorted(starts)})")
         for index, panel in enumerate(self.panels):
             res = self.resources(index)
             if res.registers > res.register_cap:
@@ -151,15 +166,19 @@ class Schedule:
         return PanelResources(rows, slots, regs, cap, smem)
 
     def to_json(self) -> dict:
-        return {"m": self.m, "n": self.n,
+        data = {"m": self.m, "n": self.n,
                 "panels": [_panel_json(p) for p in self.panels],
                 "precision": asdict(self.precision)}
+        if self.aggregate:
+            data["aggregate"] = self.aggregate
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "Schedule":
         try:
             panels = tuple(Panel(**p) for p in data["panels"])
-            return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})))
+            return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})),
+                       aggregate=data.get("aggregate", 0))
         except KeyError as exc:
             raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
@@ -178,7 +197,8 @@ class Schedule:
             extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" if b > 1 else "")
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
         prec = self.precision
-        return " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
+        text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
+        return text + (f"; aggregates of {self.aggregate} columns" if self.aggregate else "")
 
 
 def _panel_json(p: Panel) -> dict:

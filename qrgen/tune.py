@@ -30,13 +30,14 @@ ROWS_WIDTHS = ("auto", 8, 16, 32)
 COLS_WIDTHS = (32, 48, 64, 96, 128)
 COLS_SLICES = (2, 4, 8)
 SPLITS = (0.25, 0.5, 0.75, 1.0)
+AGGREGATES = (0, 64, 128, 256)
 # Panel kernel families searched by default. "cols" is left out until it has run on the GPU (BENCHMARKS.md).
 FAMILIES = ("rows",)
 ALL_FAMILIES = ("rows", "cols")
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
-DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "gram": "fp32", "project": "fp32",
-                  "update": "fp32"}
+DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "aggregate": 0, "gram": "fp32",
+                  "project": "fp32", "update": "fp32"}
 
 
 class TrialFailed(Exception):
@@ -75,11 +76,14 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
     k = problem.k
     head_cols = k if params["split"] >= 1.0 else max(1, round(k * params["split"]))
     family = params["family"]
+    aggregate = params.get("aggregate", 0)
     panels: list[Panel] = []
     col = 0
     while col < k:
         phase = "head" if col < head_cols else "tail"
-        rows, remaining = problem.m - col, k - col
+        # No panel straddles an aggregate: the columns left before the next boundary bound its width.
+        end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
+        rows, remaining = problem.m - col, end - col
         if family == "rows":
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
@@ -92,7 +96,7 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         panels.append(panel)
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
-    return Schedule(problem.m, problem.n, tuple(panels), precision)
+    return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate)
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
@@ -106,6 +110,7 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
             params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
     if params["family"] == "cols":
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
+    params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS)
     return params

@@ -167,3 +167,27 @@ def test_tune_on_the_gpu(tmp_path):
     result, path = tune_and_save(problem, target, 3, f"sqlite:///{tmp_path / 's.sqlite3'}", schedule_root=tmp_path,
                                  evaluator=GPUEvaluator(problem, target, reps=3), log=lambda _: None)
     assert path.exists() and result.outcome.accurate and result.outcome.time_us > 0
+
+
+@pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
+                                                 (1024, 1024, 32, 256)])
+def test_aggregated_schedules_every_family(m, n, width, aggregate):
+    """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A)."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Schedule, default_panel
+
+    k = min(m, n)
+    panels, col = [], 0
+    while col < k:
+        end = min(k, (col // aggregate + 1) * aggregate)
+        panel = default_panel(m - col, end - col, (width,))
+        panels.append(panel)
+        col += panel.width
+    schedule = Schedule(m, n, tuple(panels), aggregate=aggregate)
+    fac = Factorizer(m, n, schedule, "sm_90")
+    for family in FAMILIES:
+        a = stress(family, m, n, 3, seed=aggregate)
+        h, tau = fac(cupy.asarray(a))
+        assert check(a, h, tau).ok, f"{family} {schedule.describe()}"

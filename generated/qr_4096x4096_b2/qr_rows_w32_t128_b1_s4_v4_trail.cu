@@ -124,6 +124,8 @@ struct RowsPanel {
   unsigned* flags;
   unsigned epoch;
   int c0, mp;  // first column (and row) of the panel, rows of the panel
+  int vld;     // leading dimension of V^T (rows of the aggregate's buffer)
+  long long vbs;  // floats per matrix in V^T
   int t, lane, warp, b, g, row0;
   float x[SLOTS][NB];
 
@@ -294,7 +296,7 @@ struct RowsPanel {
 #pragma unroll
           for (int k = 0; k < NB; ++k) {
             vr[k] = r > k ? x[s][k] : (r == k ? 1.0f : 0.0f);
-            vt[((size_t)b * NB + k) * mp + r] = vr[k];
+            vt[(size_t)b * vbs + (size_t)k * vld + r] = vr[k];
           }
 #pragma unroll
           for (int i = 0; i < NB; ++i) {
@@ -312,19 +314,20 @@ struct RowsPanel {
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL>
 __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt,
                                            float* __restrict__ zt, float* __restrict__ xch,
-                                           unsigned* __restrict__ flags, unsigned epoch, int c0, int mp) {
+                                           unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld,
+                                           long long vbs) {
   using P = RowsPanel<M, N, K, SLOTS, NB, THREADS, BLOCKS, VEC, GRAM, TRAIL>;
   __shared__ typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;
-  P panel{sm, xch, flags, epoch, c0, mp, t, t & 31, t >> 5, b, g, g * P::RB + t};
+  P panel{sm, xch, flags, epoch, c0, mp, vld, vbs, t, t & 31, t >> 5, b, g, g * P::RB + t};
   panel.run(src, h, tau, vt, zt);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1)
 qr_rows_w32_t128_b1_s4_v4_trail(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
-    float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp) {
+    float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
   panel_rows<4096, 4096, 4096, 4, 32, 128, 1, 4, 0, true>(
-      src, h, tau, vt, zt, xch, flags, epoch, c0, mp);
+      src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs);
 }

@@ -1,0 +1,100 @@
+"""The GPU launch sequence (runtime.drive) run by NumPy: every offset, leading dimension and batch stride the
+kernels and cuBLAS calls receive, exercised without a GPU.
+
+The engine stands in for each operation with what the kernel or cuBLAS computes: a panel kernel by the reference's
+panel factorization (writing h, tau, V^T at its place in the aggregate's buffer and (V T)^T), a product by a
+strided-batched GEMM over flat per-matrix buffers with its inputs rounded as its precision says, the T kernel by
+the slarft recurrence. Tests compare the result with the reference, which does the same algorithm on arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .codegen import aggregates, plan
+from .reference import _panel, _tmatrix, round_to
+from .schedule import Schedule
+
+
+class _Fac:
+    """What drive() reads of a Factorizer."""
+
+    def __init__(self, schedule: Schedule):
+        self.m, self.n, self.k = schedule.m, schedule.n, min(schedule.m, schedule.n)
+        self.schedule = schedule
+        self.kernels, self.launches = plan(schedule)
+        self.aggregates = aggregates(schedule)
+
+
+class NumpyEngine:
+    def __init__(self, fac: _Fac, h: np.ndarray, tau: np.ndarray):
+        from .runtime import Sizes
+
+        self.fac = fac
+        self.sizes = Sizes.of(fac)
+        self.nb = h.shape[0]
+        self.tau = tau
+        self.buffers = {"h": h.reshape(self.nb, -1)}
+        for name in ("vt", "zt", "w", "g", "zg"):
+            self.buffers[name] = np.full((self.nb, getattr(self.sizes, name)), np.nan, dtype=np.float32)
+        self.buffers["t"] = np.full((self.nb, self.sizes.g), np.nan, dtype=np.float32)
+        self.log: list[tuple] = []
+
+    def _matrix(self, name: str, offset: int, stride: int, rows: int, cols: int, ld: int) -> np.ndarray:
+        """The (nb, rows, cols) view of a buffer: matrix b at offset + b * stride, rows ld floats apart."""
+        flat = self.buffers[name].reshape(-1)
+        item = flat.itemsize
+        assert offset + (self.nb - 1) * stride + (rows - 1) * ld + cols <= flat.size, (name, offset, rows, cols)
+        assert cols <= ld, (name, cols, ld)
+        return as_strided(flat[offset:], shape=(self.nb, rows, cols), strides=(stride * item, ld * item, item))
+
+    def zero(self, name: str) -> None:
+        self.buffers[name][...] = 0.0
+        self.log.append(("zero", name))
+
+    def panel(self, index, L, epoch, vt_offset):
+        m, n = self.fac.m, self.fac.n
+        h = self.buffers["h"].reshape(self.nb, m, n)
+        p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
+        t, v = _panel(p)
+        h[:, L.c0:, L.c0:L.c0 + L.width] = p
+        self.tau[:, L.c0:L.c0 + L.width] = t
+        if L.trail:
+            vr = round_to(v, self.fac.schedule.precision.gram)
+            tm = _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t)
+            self._matrix("vt", vt_offset, L.v_bs, L.width, L.rows, L.v_ld)[...] = v.transpose(0, 2, 1)
+            zt = np.matmul(v, tm).transpose(0, 2, 1)
+            self._matrix("zt", 0, L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
+        self.log.append(("panel", index, epoch))
+
+    def tmat(self, agg):
+        a = agg.a1 - agg.a0
+        g = self._matrix("g", 0, self.sizes.g, a, a, a)
+        self._matrix("t", 0, self.sizes.g, a, a, a)[...] = _tmatrix(np.triu(g, 1), self.tau[:, agg.a0:agg.a1])
+        self.log.append(("tmat", agg.a0))
+
+    def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+             precision):
+        ma = self._matrix(a[0], a[1], sa, depth if trans_a else rows, rows if trans_a else depth, lda)
+        mb = self._matrix(b[0], b[1], sb, cols if trans_b else depth, depth if trans_b else cols, ldb)
+        mc = self._matrix(c[0], c[1], sc, rows, cols, ldc)
+        opa = ma.transpose(0, 2, 1) if trans_a else ma
+        opb = mb.transpose(0, 2, 1) if trans_b else mb
+        product = np.matmul(round_to(np.ascontiguousarray(opa), precision),
+                            round_to(np.ascontiguousarray(opb), precision))
+        mc[...] = alpha * product + (beta * mc if beta else 0.0)
+        self.log.append(("gemm", stage, precision))
+
+
+def geqrf(a: np.ndarray, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, list]:
+    """(h, tau, log of operations) of a (batch, m, n) by the GPU launch sequence, run in NumPy float32."""
+    from .runtime import drive
+
+    a = np.asarray(a, dtype=np.float32)
+    batch, m, n = a.shape
+    fac = _Fac(schedule)
+    h = a.copy()
+    tau = np.zeros((batch, fac.k), dtype=np.float32)
+    engine = NumpyEngine(fac, h, tau)
+    drive(fac, engine)
+    return h, tau, engine.log
