@@ -141,8 +141,7 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
     kernels = [KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items()]
     if any(a.nc > 0 for a in aggs):
         threads = 32 * math.ceil(max(a.a1 - a.a0 for a in aggs) / 32)
-        kernels.append(KernelSpec(TMAT_KERNEL, "tmat", 0, threads, 1, 0, 1, False, 0, 0,
-                                  tuple(a.a0 for a in aggs if a.nc > 0)))
+        kernels.append(tmat_kernel(threads))
     return tuple(kernels), tuple(launches)
 
 
@@ -164,7 +163,8 @@ def _name(key: tuple) -> str:
 def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend: str = "cuda") -> Rendered:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
-    template = environment().get_template(BACKENDS[backend]["template"])
+    name = "cuda/tmat.cu.j2" if kernel.variant == "tmat" else BACKENDS[backend]["template"]
+    template = environment().get_template(name)
     source = template.render(
         version=__version__,
         m=schedule.m,
@@ -175,6 +175,16 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
         k=kernel,
     )
     return Rendered(name=kernel.name, source=source)
+
+
+def tmat_kernel(threads: int) -> KernelSpec:
+    """The T kernel alone (any schedule's), for blocks of up to `threads` reflectors."""
+    return KernelSpec(TMAT_KERNEL, "tmat", 0, threads, 1, 0, 1, False, 0, 0, ())
+
+
+def render_tmat(threads: int, arch: str = "sm_90") -> Rendered:
+    template = environment().get_template("cuda/tmat.cu.j2")
+    return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel(threads)))
 
 
 def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda") -> list[Rendered]:

@@ -116,3 +116,58 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
             vg[:, diag, diag] = 1
             h[:, agg.a0:, agg.a1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1]), h[:, agg.a0:, agg.a1:])
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)
+
+
+# The rest of the factorization in NumPy (qrgen.qmatrix's algorithm, which the GPU runs on CuPy arrays).
+
+
+def householder_product(h, tau, complete: bool = False, schedule: Schedule | None = None) -> np.ndarray:
+    """Q of (h, tau): (..., m, min(m, n)), or (..., m, m) with complete=True."""
+    from . import qmatrix
+
+    h, tau = np.asarray(h), np.asarray(tau)
+    m, n = h.shape[-2:]
+    q = qmatrix.householder_product(h.reshape(-1, m, n), tau.reshape(-1, tau.shape[-1]), complete, schedule)
+    return q.reshape(*h.shape[:-2], m, q.shape[-1])
+
+
+def ormqr(h, tau, c, side: str = "L", transpose: bool = False, schedule: Schedule | None = None) -> np.ndarray:
+    """op(Q) C or C op(Q) without forming Q."""
+    from . import qmatrix
+
+    h, tau, c = np.asarray(h), np.asarray(tau), np.asarray(c)
+    m, n = h.shape[-2:]
+    out = qmatrix.apply_q(h.reshape(-1, m, n), tau.reshape(-1, tau.shape[-1]), c.reshape(-1, *c.shape[-2:]),
+                          side, transpose, schedule)
+    return out.reshape(c.shape)
+
+
+def qr(a, mode: str = "reduced", dtype=np.float64):
+    """numpy.linalg.qr's modes through this module's geqrf and qrgen.qmatrix (see qrgen.linalg.qr)."""
+    from . import qmatrix
+
+    a = np.asarray(a)
+    h, tau = geqrf(a, dtype=dtype)
+    m, n = a.shape[-2:]
+    if mode == "raw":
+        return h.swapaxes(-1, -2), tau
+    h3 = h.reshape(-1, m, n)
+    r = qmatrix.r_factor(h3, complete=mode == "complete").reshape(*a.shape[:-2], -1, n)
+    if mode == "r":
+        return r
+    q = qmatrix.householder_product(h3, tau.reshape(h3.shape[0], -1), mode == "complete")
+    return q.reshape(*a.shape[:-2], m, q.shape[-1]), r
+
+
+def lstsq(a, b, dtype=np.float64):
+    """(x, residual) of min ||a x - b|| for full-rank tall a; b (..., m) or (..., m, p)."""
+    from . import qmatrix
+
+    a, b = np.asarray(a), np.asarray(b)
+    m, n = a.shape[-2:]
+    vector = b.ndim == a.ndim - 1
+    h, tau = geqrf(a, dtype=dtype)
+    rhs = b.reshape(-1, m, 1) if vector else b.reshape(-1, m, b.shape[-1])
+    x, res = qmatrix.lstsq(h.reshape(-1, m, n), tau.reshape(-1, tau.shape[-1]), rhs.astype(dtype))
+    lead = a.shape[:-2]
+    return (x.reshape(*lead, n), res.reshape(lead)) if vector else (x.reshape(*lead, n, -1), res.reshape(*lead, -1))

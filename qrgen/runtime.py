@@ -189,22 +189,36 @@ class Factorizer:
         return h, tau
 
 
+@contextlib.contextmanager
+def on_caller_stream(arr: _Array):
+    """Make the array's device current and the caller's stream CuPy's current stream; yields that stream."""
+    import cupy
+
+    with contextlib.ExitStack() as scope:
+        if cupy.cuda.runtime.getDevice() != arr.data.device.id:
+            scope.enter_context(cupy.cuda.Device(arr.data.device.id))
+        if arr.stream_ptr is None:
+            stream = cupy.cuda.get_current_stream()
+        else:
+            stream = _external_stream(arr.stream_ptr)
+            scope.enter_context(stream)
+        yield stream
+
+
 def _run(fac: "Factorizer | None", arr: _Array):
+    h, tau = factor_device(fac, arr)
+    return arr.wrap(h), arr.wrap(tau)
+
+
+def factor_device(fac: "Factorizer | None", arr: _Array):
+    """(h, tau) as CuPy arrays for the input's leading dimensions, on the caller's device and stream."""
     import cupy
 
     data = arr.data
     lead = data.shape[:-2]
     m, n = data.shape[-2:]
     k = min(m, n)
-    device_id = data.device.id
-    with contextlib.ExitStack() as scope:
-        if cupy.cuda.runtime.getDevice() != device_id:
-            scope.enter_context(cupy.cuda.Device(device_id))
-        if arr.stream_ptr is None:
-            stream = cupy.cuda.get_current_stream()
-        else:
-            stream = _external_stream(arr.stream_ptr)
-            scope.enter_context(stream)
+    with on_caller_stream(arr) as stream:
         batch = math.prod(lead)
         if batch and m and n:
             h, tau = fac.run(data if len(lead) == 1 else data.reshape(batch, m, n), stream)
@@ -214,7 +228,7 @@ def _run(fac: "Factorizer | None", arr: _Array):
         if len(lead) != 1:
             h = h.reshape(*lead, m, n)
             tau = tau.reshape(*lead, k)
-    return arr.wrap(h), arr.wrap(tau)
+    return h, tau
 
 
 _EXTERNAL_STREAMS: dict[int, object] = {}
@@ -408,6 +422,34 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
         if ws.multi_block:
             ws.flags.fill(0)
         drive(fac, _CupyEngine(fac, ws, funcs, hc, tc, sc, stages))
+
+
+_TMAT_THREADS = 256
+_TMAT_FUNCTIONS: dict[int, tuple] = {}
+
+
+def tmatrix_gpu(gram, tau):
+    """T (batch, w, w) of compact WY forms from G = V^T V (batch, w, w) and tau (batch, w), CuPy float32 arrays on
+    the current device and stream; w up to 256."""
+    import cupy
+
+    batch, w = tau.shape
+    if w > _TMAT_THREADS:
+        raise ValueError(f"blocks of at most {_TMAT_THREADS} reflectors; got {w}")
+    device = cupy.cuda.Device().id
+    if device not in _TMAT_FUNCTIONS:
+        rendered = codegen.render_tmat(_TMAT_THREADS, device_arch(device))
+        (binary,) = compile_many([(rendered.name, rendered.source)], device_arch(device))
+        module = cupy.cuda.function.Module()
+        module.load(binary.cubin)
+        _TMAT_FUNCTIONS[device] = (module, module.get_function(binary.name))
+    _, func = _TMAT_FUNCTIONS[device]
+    g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
+    ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
+    t = cupy.empty((batch, w, w), dtype=cupy.float32)
+    if batch and w:
+        func((batch,), (_TMAT_THREADS,), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)))
+    return t
 
 
 # ---------------------------------------------------------------------------------------------------------------

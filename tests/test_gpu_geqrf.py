@@ -191,3 +191,39 @@ def test_aggregated_schedules_every_family(m, n, width, aggregate):
         a = stress(family, m, n, 3, seed=aggregate)
         h, tau = fac(cupy.asarray(a))
         assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
+
+
+@pytest.mark.parametrize("batch,m,n", [(20000, 32, 32), (40, 176, 176), (6, 300, 120)])
+def test_qr_reduced_and_lstsq_every_family(batch, m, n):
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    for family in FAMILIES:
+        a = stress(family, m, n, min(batch, 64), seed=m)
+        q, r = qrgen.qr(cupy.asarray(a))
+        factor, orth = _q_gates(a, q.get(), r.get())
+        assert (factor <= 20).all() and (orth <= 100).all(), (family, factor.max(), orth.max())
+    big = cupy.random.standard_normal((batch, m, n), dtype=cupy.float32)
+    q, r = qrgen.qr(big, mode="reduced")
+    assert q.shape == (batch, m, min(m, n)) and r.shape == (batch, min(m, n), n)
+    if m >= n:
+        a = stress("random", m, n, 4, seed=1)
+        b = np.random.default_rng(0).standard_normal((4, m)).astype(np.float32)
+        x, res = qrgen.lstsq(cupy.asarray(a), cupy.asarray(b))
+        for i in range(4):
+            xn, rn, _, _ = np.linalg.lstsq(a[i].astype(np.float64), b[i].astype(np.float64), rcond=None)
+            assert np.abs(x.get()[i] - xn).max() <= 1e-3 * max(1.0, np.abs(xn).max())
+
+
+def test_ormqr_and_householder_product_torch():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(3, 50, 30, device="cuda")
+    h, tau = qrgen.geqrf(a)
+    q = qrgen.householder_product(h, tau, complete=True)
+    assert isinstance(q, torch.Tensor) and q.shape == (3, 50, 50)
+    ref = torch.linalg.householder_product(h.double(), tau.double())
+    assert torch.allclose(q[..., :30].double(), ref, atol=1e-4)
+    c = torch.randn(3, 50, 4, device="cuda")
+    out = qrgen.ormqr(h, tau, c, side="L", transpose=True)
+    assert torch.allclose(out.double(), q.double().transpose(-1, -2) @ c.double(), atol=1e-4)

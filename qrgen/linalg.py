@@ -1,0 +1,132 @@
+"""The rest of the factorization on the GPU, with geqrf's array contract: householder_product (Q), ormqr (Q or Q^T
+times C without forming Q), qr (numpy.linalg.qr's modes) and lstsq, batched over any leading dimensions.
+
+Inputs are float32 CUDA arrays (torch, CuPy or any __dlpack__ array); results are of the first input's kind, on its
+device, queued on the caller's current stream; inputs are not modified. The algorithm is qrgen.qmatrix's, which the
+CPU tests run on NumPy arrays (qrgen.reference has the NumPy entry points).
+"""
+from __future__ import annotations
+
+import math
+
+from . import qmatrix
+from .problem import Problem, Target
+from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
+from .schedule import find
+
+MODES = ("reduced", "complete", "r", "raw")
+
+
+def _arrays(**named):
+    out = {}
+    for name, value in named.items():
+        arr = as_device_array(value)
+        if arr.data.ndim < (1 if name in ("tau", "b") else 2):
+            raise ValueError(f"{name} needs at least {1 if name in ('tau', 'b') else 2} dimensions; "
+                             f"got shape {tuple(arr.data.shape)}")
+        out[name] = arr
+    devices = {arr.data.device.id for arr in out.values()}
+    if len(devices) > 1:
+        raise ValueError(f"all arrays must be on one device; got devices {sorted(devices)}")
+    return out
+
+
+def _schedule(m: int, n: int, batch: int, device: int):
+    schedule, _ = find(Problem(m, n, max(1, batch)), Target("cuda", device_arch(device)))
+    return schedule
+
+
+def _check_tau(h, tau):
+    m, n = h.shape[-2:]
+    if tau.shape != h.shape[:-2] + (min(m, n),):
+        raise ValueError(f"tau must have shape {h.shape[:-2] + (min(m, n),)} for h of shape {tuple(h.shape)}; "
+                         f"got {tuple(tau.shape)}")
+
+
+def householder_product(h, tau, complete: bool = False):
+    """Q of a geqrf result: (..., m, min(m, n)), or (..., m, m) with complete=True."""
+    arrs = _arrays(h=h, tau=tau)
+    hd, td = arrs["h"].data, arrs["tau"].data
+    _check_tau(hd, td)
+    m, n = hd.shape[-2:]
+    lead = hd.shape[:-2]
+    batch = math.prod(lead)
+    with on_caller_stream(arrs["h"]):
+        q = qmatrix.householder_product(hd.reshape(batch, m, n), td.reshape(batch, -1), complete,
+                                        _schedule(m, n, batch, hd.device.id))
+    return arrs["h"].wrap(q.reshape(*lead, m, q.shape[-1]))
+
+
+def ormqr(h, tau, c, side: str = "L", transpose: bool = False):
+    """op(Q) C (side "L", C of shape (..., m, p)) or C op(Q) (side "R", C of shape (..., p, m)), op(Q) = Q^T when
+    transpose, without forming Q."""
+    if side not in qmatrix.SIDES:
+        raise ValueError(f"side must be one of {qmatrix.SIDES}, got {side!r}")
+    arrs = _arrays(h=h, tau=tau, c=c)
+    hd, td, cd = arrs["h"].data, arrs["tau"].data, arrs["c"].data
+    _check_tau(hd, td)
+    m, n = hd.shape[-2:]
+    lead = hd.shape[:-2]
+    axis = -2 if side == "L" else -1
+    if cd.shape[:-2] != lead or cd.shape[axis] != m:
+        want = "(..., m, p)" if side == "L" else "(..., p, m)"
+        raise ValueError(f"c must have shape {want} with the leading dimensions of h {tuple(lead)} and m = {m}; "
+                         f"got {tuple(cd.shape)}")
+    batch = math.prod(lead)
+    with on_caller_stream(arrs["h"]):
+        out = qmatrix.apply_q(hd.reshape(batch, m, n), td.reshape(batch, -1),
+                              cd.reshape(batch, *cd.shape[-2:]), side, transpose,
+                              _schedule(m, n, batch, hd.device.id))
+    return arrs["h"].wrap(out.reshape(cd.shape))
+
+
+def qr(a, mode: str = "reduced"):
+    """numpy.linalg.qr's modes, batched: "reduced" (Q (..., m, k), R (..., k, n)), "complete" (Q (..., m, m),
+    R (..., m, n)), "r" (R (..., k, n) alone, as NumPy returns it) and "raw" ((h, tau) with h as NumPy gives it,
+    (..., n, m): the transpose of geqrf's h, a view without copy)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    arr = _arrays(a=a)["a"]
+    data = arr.data
+    m, n = data.shape[-2:]
+    lead = data.shape[:-2]
+    batch = math.prod(lead)
+    factorizer = None
+    if batch and m and n:
+        factorizer = factorizer_for(m, n, batch, device_arch(data.device.id))
+    h, tau = factor_device(factorizer, arr)
+    if mode == "raw":
+        return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
+    with on_caller_stream(arr):
+        h3 = h.reshape(batch, m, n)
+        r = qmatrix.r_factor(h3, complete=mode == "complete").reshape(*lead, -1, n)
+        if mode == "r":
+            return arr.wrap(r)
+        q = qmatrix.householder_product(h3, tau.reshape(batch, -1), mode == "complete",
+                                        _schedule(m, n, batch, data.device.id))
+    return arr.wrap(q.reshape(*lead, m, q.shape[-1])), arr.wrap(r)
+
+
+def lstsq(a, b):
+    """Least squares for full-rank tall (or square) a (..., m, n): x minimizing ||a x - b||, with b (..., m) or
+    (..., m, p); returns (x, residual), residual the squared norm of a x - b per right-hand side."""
+    arrs = _arrays(a=a, b=b)
+    ad, bd = arrs["a"].data, arrs["b"].data
+    m, n = ad.shape[-2:]
+    if m < n:
+        raise ValueError(f"lstsq needs m >= n (full-rank tall or square systems); got {m}x{n}")
+    vector = bd.ndim == ad.ndim - 1
+    if (bd.shape[:-1] if vector else bd.shape[:-2]) != ad.shape[:-2] or bd.shape[-1 if vector else -2] != m:
+        raise ValueError(f"b must have shape (..., m) or (..., m, p) with a's leading dimensions "
+                         f"{tuple(ad.shape[:-2])} and m = {m}; got {tuple(bd.shape)}")
+    lead = ad.shape[:-2]
+    batch = math.prod(lead)
+    factorizer = factorizer_for(m, n, batch, device_arch(ad.device.id)) if batch and m and n else None
+    h, tau = factor_device(factorizer, arrs["a"])
+    with on_caller_stream(arrs["a"]):
+        rhs = bd.reshape(batch, m, 1) if vector else bd.reshape(batch, m, -1)
+        x, res = qmatrix.lstsq(h.reshape(batch, m, n), tau.reshape(batch, -1), rhs,
+                               _schedule(m, n, batch, ad.device.id))
+        x = x.reshape(*lead, n) if vector else x.reshape(*lead, n, -1)
+        res = res.reshape(*lead) if vector else res.reshape(*lead, -1)
+    return arrs["a"].wrap(x), arrs["a"].wrap(res)

@@ -1,0 +1,122 @@
+"""Forming and applying Q from (h, tau), batched: householder_product (orgqr), ormqr, qr and lstsq.
+
+Q = H_0 H_1 ... H_{k-1} is applied in blocks of reflectors in compact WY form, B = I - V T V^T, one block per
+panel of the shape's schedule, with V from h (unit diagonal, zero above) and T from G = V^T V and tau (LAPACK's
+slarft). The same code runs on NumPy arrays (the CPU reference, in the arrays' precision) and on CuPy arrays (the
+GPU: batched products through cuBLAS, T by the generated T kernel), so the CPU tests check the GPU's algorithm.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .problem import Problem
+from .schedule import Schedule, default_schedule
+
+SIDES = ("L", "R")
+
+
+def array_module(x):
+    """numpy or cupy, by the array's kind."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _tmatrix(xp, gram, tau):
+    if xp is np:
+        from .reference import _tmatrix as tmatrix
+
+        return tmatrix(gram, tau)
+    from .runtime import tmatrix_gpu
+
+    return tmatrix_gpu(gram, tau)
+
+
+def blocks(m: int, n: int, schedule: Schedule | None = None) -> list[tuple[int, int]]:
+    """(first column, width) of each block of reflectors: the panels of the schedule."""
+    schedule = schedule or default_schedule(Problem(m, n))
+    return [(c0, p.width) for c0, p in zip(schedule.starts(), schedule.panels)]
+
+
+def _wy(xp, h, tau, c0: int, w: int):
+    """V (batch, m - c0, w) and T (batch, w, w) of the reflectors c0 .. c0 + w - 1."""
+    v = xp.tril(h[:, c0:, c0:c0 + w], -1)
+    diag = xp.arange(w)
+    v[:, diag, diag] = 1
+    t = _tmatrix(xp, xp.matmul(v.transpose(0, 2, 1), v), xp.ascontiguousarray(tau[:, c0:c0 + w]))
+    return v, t
+
+
+def apply_q(h, tau, c, side: str = "L", transpose: bool = False, schedule: Schedule | None = None):
+    """op(Q) C (side "L") or C op(Q) (side "R"), op(Q) = Q^T if transpose else Q, for batches (batch, ...) of 3-d
+    arrays: h (batch, m, n), tau (batch, k), C (batch, m, p) or (batch, p, m). Returns a new array."""
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    xp = array_module(h)
+    m, n = h.shape[-2:]
+    out = c.copy()
+    order = blocks(m, n, schedule)
+    # Q = B_0 ... B_{q-1}: Q^T C and C Q take the blocks first to last; Q C and C Q^T last to first.
+    forward = transpose if side == "L" else not transpose
+    for c0, w in (order if forward else order[::-1]):
+        v, t = _wy(xp, h, tau, c0, w)
+        if side == "L":  # C[c0:] -= V op(T) V^T C[c0:]
+            part = out[:, c0:, :]
+            tt = t.transpose(0, 2, 1) if transpose else t
+            out[:, c0:, :] = part - xp.matmul(v, xp.matmul(tt, xp.matmul(v.transpose(0, 2, 1), part)))
+        else:  # C[:, c0:] -= C[:, c0:] V op(T) V^T, with op(T) = T for C Q and T^T for C Q^T
+            part = out[:, :, c0:]
+            tt = t.transpose(0, 2, 1) if transpose else t
+            out[:, :, c0:] = part - xp.matmul(xp.matmul(xp.matmul(part, v), tt), v.transpose(0, 2, 1))
+    return out
+
+
+def householder_product(h, tau, complete: bool = False, schedule: Schedule | None = None):
+    """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True."""
+    xp = array_module(h)
+    batch, m, n = h.shape
+    cols = m if complete else min(m, n)
+    eye = xp.zeros((batch, m, cols), dtype=h.dtype)
+    diag = xp.arange(min(m, cols))
+    eye[:, diag, diag] = 1
+    return apply_q(h, tau, eye, "L", False, schedule)
+
+
+def r_factor(h, complete: bool = False):
+    """R from h: (batch, k, n), or (batch, m, n) with complete=True (zero below the diagonal)."""
+    xp = array_module(h)
+    m, n = h.shape[-2:]
+    rows = m if complete else min(m, n)
+    return xp.triu(h[:, :rows, :])
+
+
+def solve_upper(r, y, block: int = 32):
+    """x with R x = y for upper-triangular R (batch, n, n) and y (batch, n, p): blocked back substitution, the
+    diagonal blocks by columns and the rest as products."""
+    xp = array_module(r)
+    n = r.shape[-1]
+    x = y.copy()
+    for hi in range(n, 0, -block):
+        lo = max(0, hi - block)
+        for j in range(hi - 1, lo - 1, -1):
+            x[:, j, :] = x[:, j, :] / r[:, j, j][:, None]
+            if j > lo:
+                x[:, lo:j, :] -= r[:, lo:j, j][:, :, None] * x[:, j, :][:, None, :]
+        if lo:
+            x[:, :lo, :] -= xp.matmul(r[:, :lo, lo:hi], x[:, lo:hi, :])
+    return x
+
+
+def lstsq(h, tau, b, schedule: Schedule | None = None):
+    """Least squares min ||A x - b|| for full-rank tall A given its (h, tau): (x, residual). b is (batch, m, p);
+    x (batch, n, p); residual (batch, p), the squared norms of the parts of Q^T b that R cannot reach."""
+    xp = array_module(h)
+    m, n = h.shape[-2:]
+    if m < n:
+        raise ValueError(f"lstsq needs tall or square matrices (m >= n); got {m}x{n}")
+    y = apply_q(h, tau, b, "L", True, schedule)
+    x = solve_upper(xp.triu(h[:, :n, :]), y[:, :n, :])
+    residual = (y[:, n:, :] ** 2).sum(axis=1)
+    return x, residual

@@ -1,0 +1,83 @@
+"""No-GPU layer: Q, Q^T C, qr's modes and least squares by qrgen.qmatrix on NumPy arrays (the GPU runs the same
+code on CuPy arrays), against NumPy and the issue's float64 checks."""
+import numpy as np
+import pytest
+
+from qrgen import qmatrix, reference
+from qrgen.check import EPS32
+from qrgen.testing import FAMILIES, stress
+
+SHAPES = [(50, 30), (30, 50), (64, 64), (5, 1), (1, 5), (100, 100)]
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r", "raw"])
+def test_qr_modes_match_numpy_shapes(m, n, mode):
+    a = np.random.default_rng(m * n).standard_normal((2, m, n))
+    ours, theirs = reference.qr(a, mode), np.linalg.qr(a, mode)
+    if mode == "r":
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(np.abs(ours), np.abs(theirs), atol=1e-10)
+        return
+    assert [x.shape for x in ours] == [x.shape for x in theirs]
+    if mode in ("reduced", "complete"):
+        q, r = ours
+        np.testing.assert_allclose(q @ r, a, atol=1e-12)
+
+
+def _q_gates(a, q, r):
+    """The issue's Q checks per matrix, in float64: orthogonality and factor residual."""
+    n = a.shape[-1]
+    a64, q64, r64 = (x.astype(np.float64) for x in (a, q, r))
+    eye = np.eye(q.shape[-1])
+    orth = np.abs(np.swapaxes(q64, -1, -2) @ q64 - eye).sum(axis=-2).max(axis=-1) / (n * EPS32)
+    norm_a = np.maximum(np.abs(a64).sum(axis=-2).max(axis=-1), np.finfo(np.float64).tiny)
+    factor = np.abs(a64 - q64 @ r64).sum(axis=-2).max(axis=-1) / (norm_a * n * EPS32)
+    return factor, orth
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("m,n", [(96, 96), (120, 40)])
+def test_reduced_q_in_float32_passes_the_gates(family, m, n):
+    a = stress(family, m, n, 2, seed=7)
+    q, r = reference.qr(a, "reduced", dtype=np.float32)
+    assert q.dtype == np.float32
+    factor, orth = _q_gates(a, q, r)
+    assert (factor <= 20).all() and (orth <= 100).all(), (factor, orth)
+
+
+@pytest.mark.parametrize("side", ["L", "R"])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("m,n", [(50, 30), (30, 50)])
+def test_ormqr_equals_explicit_q(side, transpose, m, n):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, m, n))
+    h, tau = reference.geqrf(a)
+    q = reference.householder_product(h, tau, complete=True)
+    op = np.swapaxes(q, -1, -2) if transpose else q
+    c = rng.standard_normal((2, m, 3) if side == "L" else (2, 3, m))
+    expect = op @ c if side == "L" else c @ op
+    np.testing.assert_allclose(reference.ormqr(h, tau, c, side, transpose), expect, atol=1e-12)
+    with pytest.raises(ValueError, match="side"):
+        qmatrix.apply_q(h, tau, c, "X")
+
+
+def test_lstsq_matches_numpy():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 80, 20)), rng.standard_normal((3, 80, 2))
+    x, res = reference.lstsq(a, b)
+    for i in range(3):
+        xn, rn, _, _ = np.linalg.lstsq(a[i], b[i], rcond=None)
+        np.testing.assert_allclose(x[i], xn, atol=1e-12)
+        np.testing.assert_allclose(res[i], rn, rtol=1e-10)
+    xv, resv = reference.lstsq(a, b[..., 0])
+    assert xv.shape == (3, 20) and resv.shape == (3,)
+    with pytest.raises(ValueError, match="m >= n"):
+        qmatrix.lstsq(*reference.geqrf(rng.standard_normal((1, 5, 8))), np.zeros((1, 5, 1)))
+
+
+def test_solve_upper_blocks():
+    rng = np.random.default_rng(3)
+    r = np.triu(rng.standard_normal((2, 75, 75))) + 10 * np.eye(75)
+    y = rng.standard_normal((2, 75, 4))
+    np.testing.assert_allclose(r @ qmatrix.solve_upper(r, y, block=16), y, atol=1e-10)
