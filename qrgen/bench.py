@@ -145,3 +145,29 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0) -> str:
                  f"{gemm_flops(fac, batch) / max(1e-9, totals.get('project', 0) + totals.get('update', 0)) / 1e6:.1f} "
                  f"TFLOP/s")
     return "\n".join(lines)
+
+
+def run_qr_case(batch: int, m: int, n: int, reps: int = 10, seed: int = 0) -> str:
+    """qrgen.qr(mode="reduced") against torch.linalg.qr and cupy.linalg.qr on the same inputs, one markdown row:
+    medians in µs and the speed-up over torch. CuPy's batched qr loops over the matrices; it is timed once on at
+    most 64 of them and scaled, which the row says."""
+    import cupy
+
+    from .linalg import qr
+
+    rng = np.random.default_rng(seed)
+    inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
+    qr(inputs[0])
+    ours = median_time_us(qr, inputs, reps)
+    import torch
+
+    tin = [torch.from_dlpack(x) for x in inputs]
+    theirs = median_time_us(lambda x: torch.linalg.qr(x, mode="reduced"), tin, 3, warmup=1, framework="torch")
+    part = min(batch, 64)
+    cupy_us = median_time_us(lambda x: cupy.linalg.qr(x[:part], mode="reduced"), inputs, 3, warmup=1) * batch / part
+    scaled = "" if part == batch else f" (timed on {part}, scaled)"
+    return (f"| {batch} x {m}x{n} | {ours:,.1f} | {theirs:,.0f} | {cupy_us:,.0f}{scaled} | "
+            f"{theirs / ours:.1f}x |")
+
+
+QR_CASES = REFERENCE_CASES + ((20000, 32, 32),)

@@ -97,6 +97,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("cases", nargs="*", type=_case, metavar="BATCHxMxN",
                    help="cases such as 60x1024x1024; default: the seven reference batches")
     s.add_argument("--tall", action="store_true", help="the single and tall cases instead of the reference batches")
+    s.add_argument("--qr", action="store_true",
+                   help="time qrgen.qr(mode='reduced') against torch.linalg.qr and cupy.linalg.qr instead "
+                        "(default cases: the reference batches and 20000x32x32)")
     s.add_argument("--reps", type=_positive, default=20, help="timed runs of qrgen per case (default 20)")
     s.add_argument("--no-torch", action="store_true", help="do not time torch.geqrf")
     s.add_argument("--mixed", action="store_true",
@@ -130,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "bench":
-        from .bench import REFERENCE_CASES, SINGLE_TALL_CASES, profile_case, run_case, table
+        from .bench import QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, profile_case, run_case, run_qr_case, table
 
-        cases = args.cases or (SINGLE_TALL_CASES if args.tall else REFERENCE_CASES)
+        cases = args.cases or (QR_CASES if args.qr else SINGLE_TALL_CASES if args.tall else REFERENCE_CASES)
         try:
             import cupy
 
@@ -141,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             print(f"qrgen bench: error: needs a CUDA GPU ({exc})", file=sys.stderr)
             return 2
+        if args.qr:
+            print("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg.qr µs | speed-up over torch |")
+            print("|---|---:|---:|---:|---:|")
+            for batch, m, n in cases:
+                print(run_qr_case(batch, m, n, reps=args.reps), flush=True)
+            return 0
         rows = []
         for batch, m, n in cases:
             row = run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch, with_mixed=args.mixed)
