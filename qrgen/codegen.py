@@ -70,6 +70,7 @@ class Aggregate:
 
 
 TMAT_KERNEL = "qr_tmat"
+TMAT_THREADS = 256  # one thread per reflector: blocks and aggregates of up to 256 columns (schedule.MAX_AGGREGATE)
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,7 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
                                trail=trail, shared_bytes=shared, nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs))
     kernels = [KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items()]
     if any(a.nc > 0 for a in aggs):
-        threads = 32 * math.ceil(max(a.a1 - a.a0 for a in aggs) / 32)
-        kernels.append(tmat_kernel(threads))
+        kernels.append(tmat_kernel())
     return tuple(kernels), tuple(launches)
 
 
@@ -177,14 +177,14 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
     return Rendered(name=kernel.name, source=source)
 
 
-def tmat_kernel(threads: int) -> KernelSpec:
-    """The T kernel alone (any schedule's), for blocks of up to `threads` reflectors."""
-    return KernelSpec(TMAT_KERNEL, "tmat", 0, threads, 1, 0, 1, False, 0, 0, ())
+def tmat_kernel() -> KernelSpec:
+    """The T kernel, the same for every schedule (aggregates, and Q's blocks in qrgen.qmatrix)."""
+    return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, 0, ())
 
 
-def render_tmat(threads: int, arch: str = "sm_90") -> Rendered:
+def render_tmat(arch: str = "sm_90") -> Rendered:
     template = environment().get_template("cuda/tmat.cu.j2")
-    return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel(threads)))
+    return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel()))
 
 
 def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda") -> list[Rendered]:

@@ -52,7 +52,7 @@ def _gemm_us(rows: int, cols: int, depth: int, batch: int, precision: str, passe
 
 
 def estimate(schedule: Schedule, problem: Problem) -> Estimate:
-    kernels, launches = plan(schedule)
+    _, launches = plan(schedule)
     batch = problem.batch
     prec = schedule.precision
     panel_us = gemm_us = 0.0

@@ -400,7 +400,8 @@ class _CupyEngine:
         """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T."""
         stop = self._mark(stage, None)
         self.cublas.gemmStridedBatchedEx(
-            self.handle, int(trans_b), int(trans_a), cols, rows, depth,
+            self.handle, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
+            cols, rows, depth,
             _SCALARS[alpha].ctypes.data, self.ptrs[b[0]] + 4 * b[1], CUDA_R_32F, ldb, sb,
             self.ptrs[a[0]] + 4 * a[1], CUDA_R_32F, lda, sa,
             _SCALARS[beta].ctypes.data, self.ptrs[c[0]] + 4 * c[1], CUDA_R_32F, ldc, sc,
@@ -424,7 +425,6 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
         drive(fac, _CupyEngine(fac, ws, funcs, hc, tc, sc, stages))
 
 
-_TMAT_THREADS = 256
 _TMAT_FUNCTIONS: dict[int, tuple] = {}
 
 
@@ -434,11 +434,11 @@ def tmatrix_gpu(gram, tau):
     import cupy
 
     batch, w = tau.shape
-    if w > _TMAT_THREADS:
-        raise ValueError(f"blocks of at most {_TMAT_THREADS} reflectors; got {w}")
+    if w > codegen.TMAT_THREADS:
+        raise ValueError(f"blocks of at most {codegen.TMAT_THREADS} reflectors; got {w}")
     device = cupy.cuda.Device().id
     if device not in _TMAT_FUNCTIONS:
-        rendered = codegen.render_tmat(_TMAT_THREADS, device_arch(device))
+        rendered = codegen.render_tmat(device_arch(device))
         (binary,) = compile_many([(rendered.name, rendered.source)], device_arch(device))
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
@@ -448,7 +448,7 @@ def tmatrix_gpu(gram, tau):
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
     if batch and w:
-        func((batch,), (_TMAT_THREADS,), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)))
+        func((batch,), (32 * -(-w // 32),), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)))
     return t
 
 

@@ -28,7 +28,7 @@ MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
 # (rows: 108 used where the tile is 32; cols: 80 where the model gives 70 without overhead) and checked in tests.
 REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32}
 
-MAX_AGGREGATE = 256  # the T kernel of an aggregate runs one thread per column, in one block
+MAX_AGGREGATE = 256  # the T kernel runs one thread per column, in one block (codegen.TMAT_THREADS)
 
 SCHEDULE_DIR = Path(__file__).resolve().parent.parent / "schedules"
 
