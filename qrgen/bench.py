@@ -24,6 +24,7 @@ class Timing:
     orthogonality: float
     passed: bool
     mixed_us: float | None = None  # the same call on a batch of every stress family at random positions
+    graph_us: float | None = None  # the same call captured once in a CUDA graph and replayed (no Python per call)
 
     @property
     def speedup(self) -> float | None:
@@ -59,6 +60,40 @@ def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str 
     return statistics.median(times)
 
 
+def graph_time_us(fn, inputs: list, reps: int) -> float:
+    """Median of reps replays of CUDA graphs, one captured per input from fn(x) on a non-blocking stream (after
+    an eager warm-up), L2 flushed before each: the GPU time of a call without the host's per-call cost."""
+    import cupy
+
+    flush = cupy.empty(FLUSH_BYTES // 4, dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    graphs = []
+    with stream:
+        for x in inputs:
+            fn(x)
+        stream.synchronize()
+        for x in inputs:
+            stream.begin_capture()
+            try:
+                out = fn(x)
+            except BaseException:
+                stream.end_capture()  # leave the stream usable; the capture is discarded
+                raise
+            graphs.append((stream.end_capture(), out))  # outputs stay alive while their graph is replayed
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        graphs[0][0].launch(stream)
+        times = []
+        for i in range(reps):
+            flush.fill(float(i))
+            cupy.cuda.runtime.deviceSynchronize()
+            start.record(stream)
+            graphs[i % len(graphs)][0].launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+    return statistics.median(times)
+
+
 def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True, torch_reps: int = 5,
              seed: int = 0, with_mixed: bool = False) -> Timing:
     """Time qrgen.geqrf (CuPy arrays) and torch.geqrf (on the same stream, same inputs) and check the gates."""
@@ -74,6 +109,13 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     geqrf(inputs[0])  # build or load the kernels outside the timing
     cupy.cuda.get_current_stream().synchronize()
     qrgen_us = median_time_us(geqrf, inputs, reps)
+    try:
+        graph_us = graph_time_us(geqrf, inputs, reps)
+    except Exception as exc:  # reported in the table as missing, with the reason on stderr
+        import sys
+
+        print(f"graph capture of {batch}x{m}x{n} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        graph_us = None
     mixed_us = None
     if with_mixed:  # no structure is detected: a hostile batch must cost what a dense one does
         hostile = [cupy.asarray(mixed(m, n, batch, seed=seed + 10 + i)[0]) for i in range(2)]
@@ -91,14 +133,16 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     h, tau = geqrf(cupy.asarray(a))
     result = check(a, h, tau)
     f, o = result.worst()
-    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok, mixed_us)
+    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok, mixed_us, graph_us)
 
 
 def table(rows: list[Timing]) -> str:
     mixed = any(r.mixed_us is not None for r in rows)
-    lines = ["| batch x shape | qrgen µs |" + (" mixed batch µs |" if mixed else "")
+    graph = any(r.graph_us is not None for r in rows)
+    lines = ["| batch x shape | qrgen µs |" + (" graph replay µs |" if graph else "")
+             + (" mixed batch µs |" if mixed else "")
              + " torch.geqrf µs | speed-up | factor | orthogonality | gates |",
-             "|---|---:|" + ("---:|" if mixed else "") + "---:|---:|---:|---:|---|"]
+             "|---|---:|" + ("---:|" if graph else "") + ("---:|" if mixed else "") + "---:|---:|---:|---:|---|"]
     for r in rows:
         shape = f"{r.m}²" if r.m == r.n else f"{r.m}x{r.n}"
         torch_us = "—" if r.torch_us is None else f"{r.torch_us:,.0f}"
@@ -106,7 +150,10 @@ def table(rows: list[Timing]) -> str:
         mixed_cell = ""
         if mixed:
             mixed_cell = " — |" if r.mixed_us is None else f" {r.mixed_us:,.1f} ({r.mixed_us / r.qrgen_us - 1:+.0%}) |"
-        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{mixed_cell} {torch_us} | {speed} | {r.factor:.2f} | "
+        graph_cell = ""
+        if graph:
+            graph_cell = " — |" if r.graph_us is None else f" {r.graph_us:,.1f} |"
+        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{graph_cell}{mixed_cell} {torch_us} | {speed} | {r.factor:.2f} | "
                      f"{r.orthogonality:.2f} | {'pass' if r.passed else 'FAIL'} |")
     return "\n".join(lines)
 

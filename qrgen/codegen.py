@@ -126,7 +126,11 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
             width = agg.a1 - agg.a0
             nc, v_row, v_ld, v_bs = agg.a1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
         trail = nc > 0 or (agg is not None and agg.nc > 0)
-        if panel.variant == "cols":
+        if panel.variant == "lanes":
+            slots = math.ceil(rows / (panel.threads // 32))
+            vec = 1
+            shared = 0
+        elif panel.variant == "cols":
             slots = math.ceil(rows / 32)
             vec = _vec(schedule.n, c0, panel.width, panel.slice)
             shared = cols_shared_bytes(panel.width, slots, trail)
@@ -157,6 +161,8 @@ def _name(key: tuple) -> str:
     trail = "_trail" if trail else ""
     if variant == "cols":
         return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{trail}"
+    if variant == "lanes":
+        return f"qr_lanes_w{width}_t{threads}_s{slots}{trail}"
     return f"qr_{variant}_w{width}_t{threads}_b{blocks}_s{slots}_v{vec}{trail}"
 
 

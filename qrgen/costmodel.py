@@ -34,6 +34,8 @@ class Estimate:
 
 
 def _column_us(variant: str, threads: int, slots: int, width: int, slice_: int) -> float:
+    if variant == "lanes":  # an instruction count over the clock, not yet calibrated
+        return (6 * slots + 250 + (150 if threads > 32 else 0)) / CLOCK_HZ * 1e6
     if variant == "cols":
         return (2 * slots * slice_ + 10 * slice_ + 40) / CLOCK_HZ * 1e6
     return 1.2 + 0.08 * slots * width / 8 + 0.3 * math.log2(threads / 32)

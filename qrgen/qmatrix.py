@@ -24,6 +24,15 @@ def array_module(x):
     return np
 
 
+def _matmul(xp, a, b):
+    """Batched a @ b; on the GPU through qrgen.cublas (capturable in a CUDA graph, unlike cupy.matmul)."""
+    if xp is np:
+        return np.matmul(a, b)
+    from .cublas import matmul
+
+    return matmul(a, b)
+
+
 def _tmatrix(xp, gram, tau):
     if xp is np:
         from .reference import _tmatrix as tmatrix
@@ -45,7 +54,7 @@ def _wy(xp, h, tau, c0: int, w: int):
     v = xp.tril(h[:, c0:, c0:c0 + w], -1)
     diag = xp.arange(w)
     v[:, diag, diag] = 1
-    t = _tmatrix(xp, xp.matmul(v.transpose(0, 2, 1), v), xp.ascontiguousarray(tau[:, c0:c0 + w]))
+    t = _tmatrix(xp, _matmul(xp, v.transpose(0, 2, 1), v), xp.ascontiguousarray(tau[:, c0:c0 + w]))
     return v, t
 
 
@@ -65,11 +74,11 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, schedule: Sched
         if side == "L":  # C[c0:] -= V op(T) V^T C[c0:]
             part = out[:, c0:, :]
             tt = t.transpose(0, 2, 1) if transpose else t
-            out[:, c0:, :] = part - xp.matmul(v, xp.matmul(tt, xp.matmul(v.transpose(0, 2, 1), part)))
+            out[:, c0:, :] = part - _matmul(xp, v, _matmul(xp, tt, _matmul(xp, v.transpose(0, 2, 1), part)))
         else:  # C[:, c0:] -= C[:, c0:] V op(T) V^T, with op(T) = T for C Q and T^T for C Q^T
             part = out[:, :, c0:]
             tt = t.transpose(0, 2, 1) if transpose else t
-            out[:, :, c0:] = part - xp.matmul(xp.matmul(xp.matmul(part, v), tt), v.transpose(0, 2, 1))
+            out[:, :, c0:] = part - _matmul(xp, _matmul(xp, _matmul(xp, part, v), tt), v.transpose(0, 2, 1))
     return out
 
 
@@ -105,7 +114,7 @@ def solve_upper(r, y, block: int = 32):
             if j > lo:
                 x[:, lo:j, :] -= r[:, lo:j, j][:, :, None] * x[:, j, :][:, None, :]
         if lo:
-            x[:, :lo, :] -= xp.matmul(r[:, :lo, lo:hi], x[:, lo:hi, :])
+            x[:, :lo, :] -= _matmul(xp, r[:, :lo, lo:hi], x[:, lo:hi, :])
     return x
 
 

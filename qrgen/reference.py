@@ -94,8 +94,8 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
         wmat = np.matmul(rnd(z, prec.project).transpose(0, 2, 1), rnd(c, prec.project))
         return c - np.matmul(rnd(v, prec.update), rnd(wmat, prec.update))
 
-    def wy(v, t):  # Z = V T with T from the Gram matrix (inputs rounded as the gram stage says) and tau
-        vr = rnd(v, prec.gram)
+    def wy(v, t, gram):  # Z = V T with T from the Gram matrix (inputs rounded as `gram` says) and tau
+        vr = rnd(v, gram)
         return np.matmul(v, _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t))
 
     _, launches = plan(schedule)
@@ -108,13 +108,14 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
         tau[:, c0:c0 + w] = t
         if L.nc > 0:
             right = slice(c0 + w, c0 + w + L.nc)
-            h[:, c0:, right] = update(v, wy(v, t), h[:, c0:, right])
+            h[:, c0:, right] = update(v, wy(v, t, schedule.panel_gram(index)), h[:, c0:, right])
         agg = after.get(index)
         if agg is not None:  # the aggregate's reflectors, merged, update the columns right of it
             vg = np.tril(h[:, agg.a0:, agg.a0:agg.a1], -1)
             diag = np.arange(agg.a1 - agg.a0)
             vg[:, diag, diag] = 1
-            h[:, agg.a0:, agg.a1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1]), h[:, agg.a0:, agg.a1:])
+            h[:, agg.a0:, agg.a1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1], prec.gram),
+                                             h[:, agg.a0:, agg.a1:])
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)
 
 

@@ -9,15 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen
+from . import codegen, cublas
 from .compile import Binary, compile_many
 from .problem import Problem, Target
 from .schedule import Schedule, find
 
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
-CUDA_R_32F = 0
-CUBLAS_GEMM_DEFAULT = -1
-COMPUTE_TYPE = {"fp32": 68, "fp16": 74, "bf16": 75, "tf32": 77}  # CUBLAS_COMPUTE_32F[_FAST_16F|_16BF|_TF32]
 _KDLCUDA = 2
 
 
@@ -335,9 +331,7 @@ class _Workspace:
         self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
         self.multi_block = max_blocks > 1
-
-
-_SCALARS = {value: np.array(value, dtype=np.float32) for value in (1.0, -1.0, 0.0)}
+        self.panel_args: dict[int, tuple] = {}  # per panel, its launch arguments after (src, h, tau)
 
 
 class _CupyEngine:
@@ -345,11 +339,11 @@ class _CupyEngine:
 
     def __init__(self, fac: "Factorizer", ws: _Workspace, funcs: dict, h, tau, src, stages: list | None):
         import cupy
-        from cupy_backends.cuda.libs import cublas
 
         self.fac, self.ws, self.funcs, self.stages = fac, ws, funcs, stages
-        self.cupy, self.cublas = cupy, cublas
-        self.handle = cupy.cuda.device.get_cublas_handle()
+        self.cupy = cupy
+        self.device_id = h.device.id
+        self.stream_ptr = cupy.cuda.get_current_stream().ptr
         self.sizes = ws.sizes
         self.nb = h.shape[0]
         self.h, self.tau, self.src = h, tau, src
@@ -377,10 +371,12 @@ class _CupyEngine:
         _, func = self.funcs[L.kernel]
         src = self.src if (index == 0 and self.src is not None) else self.h
         stop = self._mark("panel", L)
-        func((self.nb * L.blocks,), (L.threads,),
-             (src, self.h, self.tau, np.uint64(self.ptrs["vt"] + 4 * vt_offset), self.ws.buffers["zt"],
-              self.ws.xch, self.ws.flags, np.uint32(epoch), np.int32(L.c0), np.int32(L.rows),
-              np.int32(L.v_ld), np.int64(L.v_bs)),
+        rest = self.ws.panel_args.get(index)
+        if rest is None:  # the same for every call on this workspace: built once (numpy scalars cost host time)
+            rest = self.ws.panel_args[index] = (
+                np.uint64(self.ptrs["vt"] + 4 * vt_offset), self.ws.buffers["zt"], self.ws.xch, self.ws.flags,
+                np.uint32(epoch), np.int32(L.c0), np.int32(L.rows), np.int32(L.v_ld), np.int64(L.v_bs))
+        func((self.nb * L.blocks,), (L.threads,), (src, self.h, self.tau) + rest,
              shared_mem=L.shared_bytes, enable_cooperative_groups=L.blocks > 1)
         self._done(stop)
 
@@ -399,13 +395,9 @@ class _CupyEngine:
              precision):
         """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T."""
         stop = self._mark(stage, None)
-        self.cublas.gemmStridedBatchedEx(
-            self.handle, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
-            cols, rows, depth,
-            _SCALARS[alpha].ctypes.data, self.ptrs[b[0]] + 4 * b[1], CUDA_R_32F, ldb, sb,
-            self.ptrs[a[0]] + 4 * a[1], CUDA_R_32F, lda, sa,
-            _SCALARS[beta].ctypes.data, self.ptrs[c[0]] + 4 * c[1], CUDA_R_32F, ldc, sc,
-            self.nb, COMPUTE_TYPE[precision], CUBLAS_GEMM_DEFAULT)
+        cublas.gemm(self.device_id, self.stream_ptr, trans_a, trans_b, rows, cols, depth, alpha,
+                    self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
+                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision)
         self._done(stop)
 
 
@@ -459,10 +451,16 @@ _FACTORIZERS: dict[tuple, Factorizer] = {}
 _FACTORIZERS_LOCK = threading.Lock()
 
 
-def device_arch(device_id: int) -> str:
-    import cupy
+_ARCHES: dict[int, str] = {}
 
-    return f"sm_{cupy.cuda.Device(device_id).compute_capability}"
+
+def device_arch(device_id: int) -> str:
+    arch = _ARCHES.get(device_id)
+    if arch is None:
+        import cupy
+
+        arch = _ARCHES[device_id] = f"sm_{cupy.cuda.Device(device_id).compute_capability}"
+    return arch
 
 
 def factorizer_for(m: int, n: int, batch: int, arch: str) -> Factorizer:

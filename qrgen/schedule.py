@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .problem import Problem, Target
 
-VARIANTS = ("warp", "rows", "cols")
+VARIANTS = ("warp", "rows", "cols", "lanes")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
@@ -26,7 +26,7 @@ REGS_PER_SM = 65536
 MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
 # Registers beside the register tile (addresses, loop state, scalars), per variant; from ptxas reports on sm_90
 # (rows: 108 used where the tile is 32; cols: 80 where the model gives 70 without overhead) and checked in tests.
-REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32}
+REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32, "lanes": 24}
 
 MAX_AGGREGATE = 256  # the T kernel runs one thread per column, in one block (codegen.TMAT_THREADS)
 
@@ -42,6 +42,8 @@ class Panel:
                     its rows' columns in registers; blocks > 1 exchange partial sums through global memory.
     variant "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
                     turn as producer of those reflectors (published to shared memory, one mbarrier each).
+    variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
+                    ranges (threads a multiple of 32); the loop over columns is not unrolled.
     """
 
     width: int
@@ -55,11 +57,17 @@ class Panel:
             raise ValueError(f"Panel.width must be a positive integer, got {self.width!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"Panel.variant must be one of {VARIANTS}, got {self.variant!r}")
-        if self.variant != "cols" and self.threads not in THREADS:
+        if self.variant == "lanes":
+            if not isinstance(self.threads, int) or self.threads % 32 or not 32 <= self.threads <= 1024:
+                raise ValueError(f"Panel.threads must be a multiple of 32 from 32 to 1024 for variant 'lanes', "
+                                 f"got {self.threads!r}")
+            if self.blocks != 1:
+                raise ValueError("Panel variant 'lanes' takes blocks=1")
+        elif self.variant != "cols" and self.threads not in THREADS:
             raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
         if not isinstance(self.blocks, int) or self.blocks < 1:
             raise ValueError(f"Panel.blocks must be a positive integer, got {self.blocks!r}")
-        if self.variant in ("warp", "rows") and self.width > 32:
+        if self.variant in ("warp", "rows", "lanes") and self.width > 32:
             raise ValueError(f"Panel.width must be at most 32 for variant {self.variant!r}, got {self.width}")
         if self.variant == "warp" and (self.threads != 32 or self.blocks != 1):
             raise ValueError("Panel variant 'warp' takes threads=32 and blocks=1")
@@ -158,12 +166,23 @@ class Schedule:
             slots = math.ceil(rows / 32)
             regs = slots * (panel.slice + 1) + panel.slice + REG_OVERHEAD["cols"]
             smem = cols_shared_bytes(panel.width, slots, self.starts()[index] + panel.width < self.n)
+        elif panel.variant == "lanes":
+            warps = panel.threads // 32
+            slots = math.ceil(rows / warps)
+            # the column's entries, the broadcast column j (the product (V T)^T: a third array)
+            regs = 3 * slots + REG_OVERHEAD["lanes"]
+            smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
         else:
             slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
             regs = slots * panel.width + panel.width + REG_OVERHEAD[panel.variant]
             warps = panel.threads // 32
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64)
         return PanelResources(rows, slots, regs, cap, smem)
+
+    def panel_gram(self, index: int) -> str:
+        """Input precision of panel `index`'s own G = V^T V: lanes panels form G exactly (fp32) from the dots
+        they compute anyway; the others round as precision.gram says (which also applies to the aggregates)."""
+        return "fp32" if self.panels[index].variant == "lanes" else self.precision.gram
 
     def to_json(self) -> dict:
         data = {"m": self.m, "n": self.n,
@@ -278,6 +297,21 @@ def _multi_block_panel(rows: int, width: int) -> Panel:
     raise ValueError(f"no panel kernel fits {rows} rows")  # pragma: no cover
 
 
+def lanes_panel(rows: int, width: int, slots: int | str = "auto") -> Panel | None:
+    """A lanes panel for `rows` x `width` with about `slots` rows per warp (more warps where registers demand),
+    or None where even 32 warps cannot hold the rows. "auto": 8 rows per warp up to 256 rows, else 16 (the
+    better of those measured at 176 and 352 rows)."""
+    if slots == "auto":
+        slots = 8 if rows <= 256 else 16
+    for warps in range(min(32, max(1, math.ceil(rows / slots))), 33):
+        panel = Panel(width, "lanes", 32 * warps)
+        slots_needed = math.ceil(rows / warps)
+        cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
+        if 3 * slots_needed + REG_OVERHEAD["lanes"] <= cap:
+            return panel
+    return None
+
+
 def _fits(rows: int, panel: Panel) -> bool:
     cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
     slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
@@ -299,11 +333,35 @@ def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
     return _multi_block_panel(rows, min(8, remaining))
 
 
+# Measured on the H200 (BENCHMARKS.md, 2026-11-30, CUDA-graph replay): lanes panels beat the warp/rows ones
+# where the batch leaves SMs free (40 x 176²: 342 against 593 µs; 40 x 352²: 1,001 against 1,241; 20 x 32²: 17.7
+# against 23.1) and lose where it does not (640 x 512²: 12.3 against 11.4 ms). Aggregates of 128 columns pay from
+# about 1024 columns on when several matrices share the work or the panels are only 8 wide (2 x 4096²: 44.8
+# against 59.7 ms; 8 x 2048²: 14.6 against 16.8; 1 x 4096x1024: 7.0 against 8.9) and cost where one matrix has
+# 16-wide panels (1 x 2048²: 9.1 against 6.8 ms) or the matrix is small (40 x 352²: 1.86 against 1.36 ms).
+LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132
+DEFAULT_AGGREGATE = 128
+AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
+
+
+def default_aggregate(problem: Problem) -> int:
+    if problem.k < AGGREGATE_FROM:
+        return 0
+    if problem.batch >= 2 or default_panel(problem.m, problem.k).width < 16:
+        return DEFAULT_AGGREGATE
+    return 0
+
+
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
+    aggregate = default_aggregate(problem)
+    lanes = problem.batch <= LANES_MAX_BATCH
     panels: list[Panel] = []
     col = 0
     while col < problem.k:
-        panel = default_panel(problem.m - col, problem.k - col)
+        end = problem.k if not aggregate else min(problem.k, (col // aggregate + 1) * aggregate)
+        rows = problem.m - col
+        panel = lanes_panel(rows, min(32, end - col), "auto") if lanes else None
+        panel = panel or default_panel(rows, end - col)
         panels.append(panel)
         col += panel.width
-    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem))
+    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem), aggregate)

@@ -60,7 +60,7 @@ class NumpyEngine:
         h[:, L.c0:, L.c0:L.c0 + L.width] = p
         self.tau[:, L.c0:L.c0 + L.width] = t
         if L.trail:
-            vr = round_to(v, self.fac.schedule.precision.gram)
+            vr = round_to(v, self.fac.schedule.panel_gram(index))
             tm = _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t)
             self._matrix("vt", vt_offset, L.v_bs, L.width, L.rows, L.v_ld)[...] = v.transpose(0, 2, 1)
             zt = np.matmul(v, tm).transpose(0, 2, 1)

@@ -24,20 +24,35 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule, default_panel, load, save)
+from .schedule import (PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule, default_panel, lanes_panel, load,
+                       save)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
+LANES_WIDTHS = (8, 16, 32)
+LANES_SLOTS = ("auto", 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
 COLS_SLICES = (2, 4, 8)
 SPLITS = (0.25, 0.5, 0.75, 1.0)
 AGGREGATES = (0, 64, 128, 256)
-# Panel kernel families searched by default. "cols" is left out until it has run on the GPU (BENCHMARKS.md).
-FAMILIES = ("rows",)
-ALL_FAMILIES = ("rows", "cols")
+# Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
+# shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
+FAMILIES = ("rows", "lanes")
+ALL_FAMILIES = ("rows", "cols", "lanes")
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
 DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "aggregate": 0, "gram": "fp32",
                   "project": "fp32", "update": "fp32"}
+
+
+def default_params(problem: Problem) -> dict:
+    """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial."""
+    from .schedule import LANES_MAX_BATCH, default_aggregate
+
+    params = {**DEFAULT_PARAMS, "aggregate": default_aggregate(problem)}
+    if problem.batch <= LANES_MAX_BATCH:
+        params.update(family="lanes", lanes_head=32, lane_slots="auto")
+        del params["rows_head"]
+    return params
 
 
 class TrialFailed(Exception):
@@ -87,12 +102,15 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         if family == "rows":
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
+        elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
+            width = min(params[f"lanes_{phase}"], remaining)
+            panel = lanes_panel(rows, width, params["lane_slots"]) or default_panel(rows, remaining)
         elif family == "cols":
             width = min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
             panel = Panel(width, "cols", 32 * math.ceil(width / slice_), 1, slice_)
         else:
-            raise ValueError(f"family must be 'rows' or 'cols', got {family!r}")
+            raise ValueError(f"family must be one of {ALL_FAMILIES}, got {family!r}")
         panels.append(panel)
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
@@ -106,10 +124,14 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
     for phase in phases:
         if params["family"] == "rows":
             params[f"rows_{phase}"] = trial.suggest_categorical(f"rows_{phase}", ROWS_WIDTHS)
+        elif params["family"] == "lanes":
+            params[f"lanes_{phase}"] = trial.suggest_categorical(f"lanes_{phase}", LANES_WIDTHS)
         else:
             params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
     if params["family"] == "cols":
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
+    if params["family"] == "lanes":
+        params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS)
@@ -170,8 +192,10 @@ def _precision_params(params: dict) -> dict:
 
 
 class GPUEvaluator:
-    """On the GPU: the schedule's kernels compiled (cached), timed on random batches (events, L2 flushed, median),
-    and the gates checked on a batch of every stress family."""
+    """On the GPU: the schedule's kernels compiled (cached), timed on random batches (events, L2 flushed, median)
+    as CUDA-graph replays, so that the host's per-call cost (tens of µs of Python, the same for every schedule)
+    does not drown the differences between small schedules, and the gates checked on a batch of every stress
+    family. Where a call cannot be captured the eager call is timed instead."""
 
     def __init__(self, problem: Problem, target: Target, reps: int = 10):
         import cupy
@@ -186,7 +210,7 @@ class GPUEvaluator:
     def __call__(self, schedule: Schedule, params: dict) -> Outcome:
         import cupy
 
-        from .bench import median_time_us
+        from .bench import graph_time_us, median_time_us
         from .check import check
         from .runtime import Factorizer
         from .testing import mixed
@@ -198,7 +222,12 @@ class GPUEvaluator:
             raise TrialFailed(f"compile error: {str(exc)[:300]}") from None
         try:
             stream = cupy.cuda.get_current_stream()
-            time_us = median_time_us(lambda x: fac.run(x, stream), self.inputs, self.reps, warmup=2)
+            try:
+                time_us = graph_time_us(fac, self.inputs, self.reps)
+            except cupy.cuda.runtime.CUDARuntimeError:
+                raise
+            except Exception:  # not capturable: the eager call
+                time_us = median_time_us(lambda x: fac.run(x, stream), self.inputs, self.reps, warmup=2)
             a, _ = mixed(self.problem.m, self.problem.n, max(10, min(self.problem.batch, 32)), seed=1)
             h, tau = fac.run(cupy.asarray(a), stream)
             f, o = check(a, h, tau).worst()
@@ -258,7 +287,7 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
     study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
                                 load_if_exists=True)
     if all(t.state == optuna.trial.TrialState.WAITING for t in study.trials):  # a new study: warm starts
-        study.enqueue_trial(DEFAULT_PARAMS, skip_if_exists=True)
+        study.enqueue_trial(default_params(problem), skip_if_exists=True)
         for params in _neighbour_params(problem, target, schedule_root):
             if params.get("family") in families:
                 study.enqueue_trial(params, skip_if_exists=True)

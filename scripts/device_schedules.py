@@ -1,48 +1,60 @@
-"""Run on the GPU machine: time alternative schedules for one shape (same inputs, same run).
+"""Run on the GPU machine: time points of the tuning space for one shape (same inputs, same run), with the gates
+checked on a batch of every stress family.
 
-    python scripts/device_schedules.py BATCH,M,N [WIDTH:THREADS:BLOCKS[:prec] | cols:WIDTH:SLICE[:prec]] ...
+    python scripts/device_schedules.py BATCH,M,N [KEY=VALUE/KEY=VALUE...] ...
+
+"default" is the default heuristic; every other point overrides qrgen.tune.DEFAULT_PARAMS (the rows family's
+base point; "rows" alone is that point), e.g.
+    aggregate=128                                  default panels inside aggregates of 128 columns
+    rows_head=16/aggregate=256/project=tf32/update=tf32
+    family=cols/cols_head=96/slice=4
 """
 import sys
 
 import cupy
 import numpy as np
 
-from qrgen.bench import median_time_us
+from qrgen.bench import graph_time_us, median_time_us
 from qrgen.check import check
-from qrgen.runtime import Factorizer
-from qrgen.schedule import Panel, Precision, Schedule, default_schedule
 from qrgen.problem import Problem
+from qrgen.runtime import Factorizer
+from qrgen.testing import mixed
+from qrgen.schedule import default_schedule
+from qrgen.tune import DEFAULT_PARAMS, schedule_from_params
 
 
-def uniform(m, n, width, threads, blocks=1, variant="rows", prec=Precision(), slice_=0):
-    k = min(m, n)
-    widths = [width] * (k // width) + ([k % width] if k % width else [])
-    if variant == "cols":
-        return Schedule(m, n, tuple(Panel(w, "cols", 32 * -(-w // slice_), 1, slice_) for w in widths), prec)
-    return Schedule(m, n, tuple(Panel(w, variant, threads, blocks) for w in widths), prec)
+def parse_point(text: str) -> dict:
+    params = dict(DEFAULT_PARAMS)
+    for item in filter(None, text.split("/")):
+        key, value = item.split("=")
+        params[key] = int(value) if value.lstrip("-").isdigit() else (float(value) if "." in value else value)
+    return params
 
 
 def main():
     batch, m, n = (int(x) for x in sys.argv[1].split(","))
+    reps = 10
     rng = np.random.default_rng(0)
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
-    variants = {"default": default_schedule(Problem(m, n, batch))}
-    for spec in sys.argv[2:]:
-        if spec.startswith("cols:"):  # cols:WIDTH:SLICE[:precision]
-            _, w, c, *p = spec.split(":")
-            prec = Precision(p[0], p[0], p[0]) if p else Precision()
-            variants[spec] = uniform(m, n, int(w), 0, 1, "cols", prec, int(c))
-            continue
-        w, t, b, *p = spec.split(":")  # WIDTH:THREADS:BLOCKS[:precision]
-        prec = Precision(p[0], p[0], p[0]) if p else Precision()
-        variants[spec] = uniform(m, n, int(w), int(t), int(b), "warp" if int(t) == 32 else "rows", prec)
-    for name, sched in variants.items():
-        fac = Factorizer(m, n, sched, "sm_90")
-        fac.build()
-        h, tau = fac(inputs[0])
-        res = check(inputs[0][:1], h[:1], tau[:1])
-        us = median_time_us(fac, inputs, 5, warmup=1)
-        print(f"{name:>16}: {us:10.1f} us  {res}", flush=True)
+    hostile, _ = mixed(m, n, min(batch, 10 if m * n <= 1 << 20 else 2), seed=1)
+    problem = Problem(m, n, batch)
+    for text in ["default"] + sys.argv[2:]:
+        try:
+            if text == "default":
+                sched = default_schedule(problem)
+            else:
+                sched = schedule_from_params(problem, parse_point("" if text == "rows" else text))
+            fac = Factorizer(m, n, sched, "sm_90")
+            fac.build()
+            h, tau = fac(cupy.asarray(hostile))
+            res = check(hostile, h, tau)
+            us = median_time_us(fac, inputs, reps, warmup=2)
+            graph_us = graph_time_us(fac, inputs, reps)
+            f, o = res.worst()
+            print(f"{text:>44}: {us:10.1f} us (graph replay {graph_us:10.1f})  factor {f:6.2f} orth {o:6.2f} {'pass' if res.ok else 'FAIL'}"
+                  f"  [{sched.describe()}]", flush=True)
+        except Exception as exc:  # one bad point must not end the comparison
+            print(f"{text:>44}: ERROR {type(exc).__name__}: {exc}", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@ def test_table_columns_and_ratios():
     assert "| 2 x 4096x1024 |" in lines[3] and lines[3].endswith("| FAIL |")
 
 
+def test_table_graph_column():
+    text = table([Timing(20, 32, 32, 100.0, 300.0, 0.1, 0.2, True, None, 12.5),
+                  Timing(8, 64, 64, 50.0, 90.0, 0.1, 0.2, True, None, None)])
+    lines = text.splitlines()
+    assert lines[0].startswith("| batch x shape | qrgen µs | graph replay µs | torch.geqrf µs |")
+    assert lines[2].startswith("| 20 x 32² | 100.0 | 12.5 | 300 |") and lines[3].startswith("| 8 x 64² | 50.0 | — |")
+
+
 @pytest.mark.skipif(GPU, reason="checks the refusal where there is no GPU")
 def test_bench_refuses_without_gpu(capsys):
     assert main(["bench", "2x64x64"]) == 2

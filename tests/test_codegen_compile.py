@@ -46,14 +46,18 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     first = codegen.render_all(s)
     assert [r.source for r in first] == [r.source for r in codegen.render_all(s)]
     src = first[0].source
-    assert "Do not edit" in src and "panel_rows<176, 176, 176," in src
+    assert "Do not edit" in src and "panel_lanes<176, 176, 176, 8, 32, 704, true>" in src
+    rows = codegen.render_all(default_schedule(Problem(176, 176, 640)))[0].source  # past two blocks per SM: rows
+    assert "panel_rows<176, 176, 176," in rows
 
 
 def test_vector_width_follows_alignment():
-    kernels, _ = codegen.plan(default_schedule(Problem(33, 33)))
+    kernels, _ = codegen.plan(default_schedule(Problem(33, 33, 640)))
     assert {k.vec for k in kernels} == {1}
-    kernels, _ = codegen.plan(default_schedule(Problem(64, 64)))
+    kernels, _ = codegen.plan(default_schedule(Problem(64, 64, 640)))
     assert {k.vec for k in kernels} == {4}
+    kernels, _ = codegen.plan(default_schedule(Problem(64, 64, 4)))
+    assert {k.variant for k in kernels} == {"lanes"} and {k.vec for k in kernels} == {1}  # one float per lane
 
 
 def test_cache_key_changes_with_every_input():
@@ -133,9 +137,33 @@ def test_cols_shared_memory_budget_is_checked():
         Schedule(288, 288, (Panel(128, "cols", 512, 1, 8), Panel(128, "cols", 512, 1, 8), Panel(32, "warp", 32)))
 
 
+def _lanes_schedule(m, n, width, slots, aggregate=0):
+    """Lanes panels (about `slots` rows per warp) of `width` columns, not straddling aggregates."""
+    from qrgen.schedule import lanes_panel
+
+    k, panels, col = min(m, n), [], 0
+    while col < k:
+        end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
+        panel = lanes_panel(m - col, min(width, end - col), slots)
+        panels.append(panel)
+        col += panel.width
+    return Schedule(m, n, tuple(panels), aggregate=aggregate)
+
+
+LANES_SCHEDULES = [
+    _lanes_schedule(32, 32, 32, 32),
+    _lanes_schedule(176, 176, 32, 32),
+    _lanes_schedule(100, 70, 16, 16),
+    _lanes_schedule(300, 200, 32, 48, aggregate=64),
+    _lanes_schedule(33, 257, 8, 8),
+    _lanes_schedule(257, 33, 32, 24),
+]
+
+
 @needs_nvrtc
-@pytest.mark.parametrize("schedule", COLS_SCHEDULES, ids=lambda s: f"{s.m}x{s.n}")
-def test_cols_kernels_compile_without_spills(schedule, tmp_path, monkeypatch):
+@pytest.mark.parametrize("schedule", COLS_SCHEDULES + LANES_SCHEDULES,
+                         ids=lambda s: f"{s.panels[0].variant}-{s.m}x{s.n}")
+def test_cols_and_lanes_kernels_compile_without_spills(schedule, tmp_path, monkeypatch):
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
     for binary in qcompile.compile_many(items, "sm_90"):
@@ -153,3 +181,18 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
     for binary in qcompile.compile_many(items, "sm_90"):
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+def test_lanes_panels_and_gram_precision():
+    schedule = LANES_SCHEDULES[1]
+    assert [p.variant for p in schedule.panels] == ["lanes"] * 6
+    assert [p.threads for p in schedule.panels][:2] == [192, 160]
+    kernels, _ = codegen.plan(schedule)
+    assert kernels[0].name == "qr_lanes_w32_t192_s30_trail" and kernels[-1].name == "qr_lanes_w16_t32_s16"
+    tf32 = Schedule(32, 32, (Panel(16, "lanes", 32), Panel(16, "rows", 32)),
+                    precision=__import__("qrgen").schedule.Precision(gram="tf32"))
+    assert (tf32.panel_gram(0), tf32.panel_gram(1)) == ("fp32", "tf32")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Panel(32, "lanes", 48)
+    with pytest.raises(ValueError, match="registers"):
+        Schedule(2000, 32, (Panel(32, "lanes", 1024),))

@@ -141,19 +141,20 @@ def test_cli_build_then_import(tmp_path):
     assert check(a, h, tau).ok
 
 
-@pytest.mark.parametrize("schedule_index", range(4))
-def test_cols_variant_every_family(schedule_index):
-    """The block panel kernel (warps own column slices, mbarrier per reflector) through explicit schedules."""
+@pytest.mark.parametrize("variant,index", [("cols", i) for i in range(4)] + [("lanes", i) for i in range(6)])
+def test_block_variants_every_family(variant, index):
+    """The cols panel kernel (warps own column slices, mbarrier per reflector) and the lanes panel kernel (lane c
+    owns column c, warps own row ranges) through explicit schedules."""
     import cupy
 
     from qrgen.runtime import Factorizer
 
-    from test_codegen_compile import COLS_SCHEDULES
+    from test_codegen_compile import COLS_SCHEDULES, LANES_SCHEDULES
 
-    schedule = COLS_SCHEDULES[schedule_index]
+    schedule = (COLS_SCHEDULES if variant == "cols" else LANES_SCHEDULES)[index]
     fac = Factorizer(schedule.m, schedule.n, schedule, "sm_90")
     for family in FAMILIES:
-        a = stress(family, schedule.m, schedule.n, 3, seed=schedule_index)
+        a = stress(family, schedule.m, schedule.n, 3, seed=index)
         h, tau = fac(cupy.asarray(a))
         result = check(a, h, tau)
         assert result.ok, f"{family} {schedule.describe()}: {result}"
@@ -227,3 +228,41 @@ def test_ormqr_and_householder_product_torch():
     c = torch.randn(3, 50, 4, device="cuda")
     out = qrgen.ormqr(h, tau, c, side="L", transpose=True)
     assert torch.allclose(out.double(), q.double().transpose(-1, -2) @ c.double(), atol=1e-4)
+
+
+def test_cublas_matmul_layouts():
+    import cupy
+
+    from qrgen.cublas import matmul
+
+    rng = cupy.random.default_rng(0)
+    a = rng.standard_normal((3, 40, 24), dtype=cupy.float32)
+    b = rng.standard_normal((3, 24, 17), dtype=cupy.float32)
+    for x, y in [(a, b), (a.transpose(0, 2, 1).copy().transpose(0, 2, 1), b), (a, b.transpose(0, 2, 1).copy()
+                 .transpose(0, 2, 1)), (a[:, 5:30, 2:20], b[:, 2:20, :]), (a[:1], b)]:
+        assert cupy.allclose(matmul(x, y), cupy.matmul(x, y), atol=1e-4)
+
+
+def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():
+    """A call captured once (CuPy stream capture) and replayed on new input data written into the same array."""
+    import cupy
+
+    for m, n in [(64, 48), (300, 200)]:
+        first, second = stress("random", m, n, 4, seed=1), stress("colscaled", m, n, 4, seed=2)
+        a = cupy.asarray(first)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            qrgen.geqrf(a), qrgen.qr(a)  # build and allocate the workspaces before capturing
+            stream.synchronize()
+            stream.begin_capture()
+            h, tau = qrgen.geqrf(a)
+            q, r = qrgen.qr(a)
+            graph = stream.end_capture()
+            a.set(second)
+            graph.launch(stream)
+            stream.synchronize()
+        assert check(second, h, tau).ok
+        from test_qmatrix import _q_gates
+
+        factor, orth = _q_gates(second, q.get(), r.get())
+        assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())

@@ -15,6 +15,8 @@ def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows"):
     widths = [width] * (k // width) + ([k % width] if k % width else [])
     if variant == "cols":
         panels = tuple(Panel(w, "cols", 32 * -(-w // 4), 1, 4) for w in widths)
+    elif variant == "lanes":
+        panels = tuple(Panel(w, "lanes", 256) for w in widths)
     else:
         panels = tuple(Panel(w, "rows", 64) for w in widths)
     return Schedule(m, n, panels, precision, aggregate)
@@ -29,6 +31,7 @@ SCHEDULES = [
     _uniform(96, 160, 32, aggregate=32),
     _uniform(150, 150, 8, aggregate=48, precision=Precision("tf32", "tf32", "bf16")),
     _uniform(160, 160, 32, aggregate=96, variant="cols"),
+    _uniform(160, 120, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32"), variant="lanes"),
 ]
 
 

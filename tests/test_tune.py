@@ -7,7 +7,7 @@ import pytest
 from qrgen.costmodel import estimate
 from qrgen.problem import Problem, Target
 from qrgen.schedule import default_schedule
-from qrgen.tune import (DEFAULT_PARAMS, ModelEvaluator, Outcome, TrialFailed, schedule_from_params, tune,
+from qrgen.tune import (DEFAULT_PARAMS, default_params, ModelEvaluator, Outcome, TrialFailed, schedule_from_params, tune,
                         tune_and_save)
 
 
@@ -16,9 +16,10 @@ def _storage(tmp_path):
 
 
 @pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (100000, 32)])
-def test_default_params_give_the_default_schedule(m, n):
-    problem = Problem(m, n, 3)
-    assert schedule_from_params(problem, DEFAULT_PARAMS) == default_schedule(problem)
+@pytest.mark.parametrize("batch", [3, 640])
+def test_default_params_give_the_default_schedule(m, n, batch):
+    problem = Problem(m, n, batch)
+    assert schedule_from_params(problem, default_params(problem)) == default_schedule(problem)
 
 
 def test_two_phases_and_cols_family():
@@ -32,7 +33,8 @@ def test_two_phases_and_cols_family():
 def test_cost_model_prefers_fewer_launches_and_lower_precision():
     problem = Problem(1024, 1024, 60)
     base = estimate(default_schedule(problem), problem)
-    tf32 = estimate(schedule_from_params(problem, {**DEFAULT_PARAMS, "project": "tf32", "update": "tf32"}), problem)
+    tf32 = estimate(schedule_from_params(problem, {**default_params(problem), "project": "tf32", "update": "tf32"}),
+                    problem)
     assert tf32.gemm_us < base.gemm_us and tf32.panel_us == base.panel_us
     assert base.total_us >= base.host_us > 0
 
@@ -58,7 +60,7 @@ def test_inaccurate_precision_is_never_best(tmp_path):
     trial with its reason and never returned."""
     problem = Problem(96, 96, 4)
     evaluator = ModelEvaluator(problem)
-    bf16 = {**DEFAULT_PARAMS, "gram": "bf16", "project": "bf16", "update": "bf16"}
+    bf16 = {**default_params(problem), "gram": "bf16", "project": "bf16", "update": "bf16"}
     fast = evaluator(schedule_from_params(problem, bf16), bf16)
     assert not fast.accurate
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -67,7 +69,7 @@ def test_inaccurate_precision_is_never_best(tmp_path):
     optuna.create_study(study_name=name, storage=storage).enqueue_trial(bf16)
     result = tune(problem, Target(), 8, evaluator, storage, log=lambda _: None)
     assert result.params != bf16 and result.outcome.accurate
-    assert result.outcome.time_us > fast.time_us
+    assert result.outcome.time_us >= fast.time_us  # the returned point is no faster than the rejected one
     failed = [t for t in optuna.load_study(study_name=name, storage=storage).trials
               if t.state == optuna.trial.TrialState.FAIL]
     assert any(t.params == bf16 and t.user_attrs["failure"].startswith("inaccurate") for t in failed)
