@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 
 from . import qmatrix
-from .problem import Problem, Target
 from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
-from .schedule import find
 
 MODES = ("reduced", "complete", "r", "raw")
 
@@ -31,9 +29,17 @@ def _arrays(**named):
     return out
 
 
-def _schedule(m: int, n: int, batch: int, device: int):
-    schedule, _ = find(Problem(m, n, max(1, batch)), Target("cuda", device_arch(device)))
-    return schedule
+def _factorizer(m: int, n: int, batch: int, device: int, factorizer=None):
+    if not (batch and m and n):
+        return None
+    if factorizer is not None:
+        return factorizer
+    return factorizer_for(m, n, batch, device_arch(device))
+
+
+def _check_shape(m: int, n: int, factorizer, what: str = "a") -> None:
+    if factorizer is not None and (m, n) != (factorizer.m, factorizer.n):
+        raise ValueError(f"this module is generated for {factorizer.m}x{factorizer.n} matrices; {what} holds {m}x{n}")
 
 
 def _check_tau(h, tau):
@@ -43,21 +49,22 @@ def _check_tau(h, tau):
                          f"got {tuple(tau.shape)}")
 
 
-def householder_product(h, tau, complete: bool = False):
-    """Q of a geqrf result: (..., m, min(m, n)), or (..., m, m) with complete=True."""
+def householder_product(h, tau, complete: bool = False, *, factorizer=None):
+    """Q of a geqrf result: (..., m, min(m, n)), or (..., m, m) with complete=True. (`factorizer`: a generated
+    module's, which checks the shape.)"""
     arrs = _arrays(h=h, tau=tau)
     hd, td = arrs["h"].data, arrs["tau"].data
     _check_tau(hd, td)
     m, n = hd.shape[-2:]
+    _check_shape(m, n, factorizer, "h")
     lead = hd.shape[:-2]
     batch = math.prod(lead)
     with on_caller_stream(arrs["h"]):
-        q = qmatrix.householder_product(hd.reshape(batch, m, n), td.reshape(batch, -1), complete,
-                                        _schedule(m, n, batch, hd.device.id))
+        q = qmatrix.householder_product(hd.reshape(batch, m, n), td.reshape(batch, -1), complete)
     return arrs["h"].wrap(q.reshape(*lead, m, q.shape[-1]))
 
 
-def ormqr(h, tau, c, side: str = "L", transpose: bool = False):
+def ormqr(h, tau, c, side: str = "L", transpose: bool = False, *, factorizer=None):
     """op(Q) C (side "L", C of shape (..., m, p)) or C op(Q) (side "R", C of shape (..., p, m)), op(Q) = Q^T when
     transpose, without forming Q."""
     if side not in qmatrix.SIDES:
@@ -66,6 +73,7 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False):
     hd, td, cd = arrs["h"].data, arrs["tau"].data, arrs["c"].data
     _check_tau(hd, td)
     m, n = hd.shape[-2:]
+    _check_shape(m, n, factorizer, "h")
     lead = hd.shape[:-2]
     axis = -2 if side == "L" else -1
     if cd.shape[:-2] != lead or cd.shape[axis] != m:
@@ -75,12 +83,11 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False):
     batch = math.prod(lead)
     with on_caller_stream(arrs["h"]):
         out = qmatrix.apply_q(hd.reshape(batch, m, n), td.reshape(batch, -1),
-                              cd.reshape(batch, *cd.shape[-2:]), side, transpose,
-                              _schedule(m, n, batch, hd.device.id))
+                              cd.reshape(batch, *cd.shape[-2:]), side, transpose)
     return arrs["h"].wrap(out.reshape(cd.shape))
 
 
-def qr(a, mode: str = "reduced"):
+def qr(a, mode: str = "reduced", *, factorizer=None):
     """numpy.linalg.qr's modes, batched: "reduced" (Q (..., m, k), R (..., k, n)), "complete" (Q (..., m, m),
     R (..., m, n)), "r" (R (..., k, n) alone, as NumPy returns it) and "raw" ((h, tau) with h as NumPy gives it,
     (..., n, m): the transpose of geqrf's h, a view without copy)."""
@@ -89,12 +96,10 @@ def qr(a, mode: str = "reduced"):
     arr = _arrays(a=a)["a"]
     data = arr.data
     m, n = data.shape[-2:]
+    _check_shape(m, n, factorizer)
     lead = data.shape[:-2]
     batch = math.prod(lead)
-    factorizer = None
-    if batch and m and n:
-        factorizer = factorizer_for(m, n, batch, device_arch(data.device.id))
-    h, tau = factor_device(factorizer, arr)
+    h, tau = factor_device(_factorizer(m, n, batch, data.device.id, factorizer), arr)
     if mode == "raw":
         return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
     with on_caller_stream(arr):
@@ -102,17 +107,17 @@ def qr(a, mode: str = "reduced"):
         r = qmatrix.r_factor(h3, complete=mode == "complete").reshape(*lead, -1, n)
         if mode == "r":
             return arr.wrap(r)
-        q = qmatrix.householder_product(h3, tau.reshape(batch, -1), mode == "complete",
-                                        _schedule(m, n, batch, data.device.id))
+        q = qmatrix.householder_product(h3, tau.reshape(batch, -1), mode == "complete")
     return arr.wrap(q.reshape(*lead, m, q.shape[-1])), arr.wrap(r)
 
 
-def lstsq(a, b):
+def lstsq(a, b, *, factorizer=None):
     """Least squares for full-rank tall (or square) a (..., m, n): x minimizing ||a x - b||, with b (..., m) or
     (..., m, p); returns (x, residual), residual the squared norm of a x - b per right-hand side."""
     arrs = _arrays(a=a, b=b)
     ad, bd = arrs["a"].data, arrs["b"].data
     m, n = ad.shape[-2:]
+    _check_shape(m, n, factorizer)
     if m < n:
         raise ValueError(f"lstsq needs m >= n (full-rank tall or square systems); got {m}x{n}")
     vector = bd.ndim == ad.ndim - 1
@@ -121,12 +126,10 @@ def lstsq(a, b):
                          f"{tuple(ad.shape[:-2])} and m = {m}; got {tuple(bd.shape)}")
     lead = ad.shape[:-2]
     batch = math.prod(lead)
-    factorizer = factorizer_for(m, n, batch, device_arch(ad.device.id)) if batch and m and n else None
-    h, tau = factor_device(factorizer, arrs["a"])
+    h, tau = factor_device(_factorizer(m, n, batch, ad.device.id, factorizer), arrs["a"])
     with on_caller_stream(arrs["a"]):
         rhs = bd.reshape(batch, m, 1) if vector else bd.reshape(batch, m, -1)
-        x, res = qmatrix.lstsq(h.reshape(batch, m, n), tau.reshape(batch, -1), rhs,
-                               _schedule(m, n, batch, ad.device.id))
+        x, res = qmatrix.lstsq(h.reshape(batch, m, n), tau.reshape(batch, -1), rhs)
         x = x.reshape(*lead, n) if vector else x.reshape(*lead, n, -1)
         res = res.reshape(*lead) if vector else res.reshape(*lead, -1)
     return arrs["a"].wrap(x), arrs["a"].wrap(res)

@@ -34,3 +34,23 @@ class GeneratedModule:
 
     def geqrf(self, a):
         return self._get()(a)
+
+    def qr(self, a, mode: str = "reduced"):
+        from . import linalg
+
+        return linalg.qr(a, mode, factorizer=self._get())
+
+    def lstsq(self, a, b):
+        from . import linalg
+
+        return linalg.lstsq(a, b, factorizer=self._get())
+
+    def householder_product(self, h, tau, complete: bool = False):
+        from . import linalg
+
+        return linalg.householder_product(h, tau, complete, factorizer=self._get())
+
+    def ormqr(self, h, tau, c, side: str = "L", transpose: bool = False):
+        from . import linalg
+
+        return linalg.ormqr(h, tau, c, side, transpose, factorizer=self._get())

@@ -1,18 +1,17 @@
 """Forming and applying Q from (h, tau), batched: householder_product (orgqr), ormqr, qr and lstsq.
 
-Q = H_0 H_1 ... H_{k-1} is applied in blocks of reflectors in compact WY form, B = I - V T V^T, one block per
-panel of the shape's schedule, with V from h (unit diagonal, zero above) and T from G = V^T V and tau (LAPACK's
-slarft). The same code runs on NumPy arrays (the CPU reference, in the arrays' precision) and on CuPy arrays (the
+Q = H_0 H_1 ... H_{k-1} is applied in blocks of BLOCK reflectors in compact WY form, B = I - V T V^T, with V
+from h (unit diagonal, zero above) and T from G = V^T V and tau (LAPACK's slarft). The blocks need not be the
+factorization's panels: wide blocks mean few passes over C (a rank-128 update instead of one per 8-, 16- or
+32-column panel). The same code runs on NumPy arrays (the CPU reference, in the arrays' precision) and on CuPy arrays (the
 GPU: batched products through cuBLAS, T by the generated T kernel), so the CPU tests check the GPU's algorithm.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .problem import Problem
-from .schedule import Schedule, default_schedule
-
 SIDES = ("L", "R")
+BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen.codegen.TMAT_THREADS)
 
 
 def array_module(x):
@@ -43,10 +42,12 @@ def _tmatrix(xp, gram, tau):
     return tmatrix_gpu(gram, tau)
 
 
-def blocks(m: int, n: int, schedule: Schedule | None = None) -> list[tuple[int, int]]:
-    """(first column, width) of each block of reflectors: the panels of the schedule."""
-    schedule = schedule or default_schedule(Problem(m, n))
-    return [(c0, p.width) for c0, p in zip(schedule.starts(), schedule.panels)]
+def blocks(m: int, n: int, block: int = BLOCK) -> list[tuple[int, int]]:
+    """(first column, width) of each block of reflectors."""
+    if not 1 <= block <= 256:
+        raise ValueError(f"block must be from 1 to 256 reflectors, got {block}")
+    k = min(m, n)
+    return [(c0, min(block, k - c0)) for c0 in range(0, k, block)]
 
 
 def _wy(xp, h, tau, c0: int, w: int):
@@ -58,7 +59,12 @@ def _wy(xp, h, tau, c0: int, w: int):
     return v, t
 
 
-def apply_q(h, tau, c, side: str = "L", transpose: bool = False, schedule: Schedule | None = None):
+def _left(xp, part, v, tt):
+    """part - V op(T) V^T part: one block applied from the left."""
+    return part - _matmul(xp, v, _matmul(xp, tt, _matmul(xp, v.transpose(0, 2, 1), part)))
+
+
+def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BLOCK):
     """op(Q) C (side "L") or C op(Q) (side "R"), op(Q) = Q^T if transpose else Q, for batches (batch, ...) of 3-d
     arrays: h (batch, m, n), tau (batch, k), C (batch, m, p) or (batch, p, m). Returns a new array."""
     if side not in SIDES:
@@ -66,7 +72,7 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, schedule: Sched
     xp = array_module(h)
     m, n = h.shape[-2:]
     out = c.copy()
-    order = blocks(m, n, schedule)
+    order = blocks(m, n, block)
     # Q = B_0 ... B_{q-1}: Q^T C and C Q take the blocks first to last; Q C and C Q^T last to first.
     forward = transpose if side == "L" else not transpose
     for c0, w in (order if forward else order[::-1]):
@@ -74,7 +80,7 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, schedule: Sched
         if side == "L":  # C[c0:] -= V op(T) V^T C[c0:]
             part = out[:, c0:, :]
             tt = t.transpose(0, 2, 1) if transpose else t
-            out[:, c0:, :] = part - _matmul(xp, v, _matmul(xp, tt, _matmul(xp, v.transpose(0, 2, 1), part)))
+            out[:, c0:, :] = _left(xp, part, v, tt)
         else:  # C[:, c0:] -= C[:, c0:] V op(T) V^T, with op(T) = T for C Q and T^T for C Q^T
             part = out[:, :, c0:]
             tt = t.transpose(0, 2, 1) if transpose else t
@@ -82,15 +88,21 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, schedule: Sched
     return out
 
 
-def householder_product(h, tau, complete: bool = False, schedule: Schedule | None = None):
-    """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True."""
+def householder_product(h, tau, complete: bool = False, block: int = BLOCK):
+    """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True.
+
+    Q = B_0 ... B_{q-1} I, the last block first. Before B_i is applied, the columns left of its first column c0
+    are still those of I, zero in B_i's rows, so B_i only changes Q[c0:, c0:] (as LAPACK's sorgqr does)."""
     xp = array_module(h)
     batch, m, n = h.shape
     cols = m if complete else min(m, n)
-    eye = xp.zeros((batch, m, cols), dtype=h.dtype)
+    q = xp.zeros((batch, m, cols), dtype=h.dtype)
     diag = xp.arange(min(m, cols))
-    eye[:, diag, diag] = 1
-    return apply_q(h, tau, eye, "L", False, schedule)
+    q[:, diag, diag] = 1
+    for c0, w in blocks(m, n, block)[::-1]:
+        v, t = _wy(xp, h, tau, c0, w)
+        q[:, c0:, c0:] = _left(xp, q[:, c0:, c0:], v, t)
+    return q
 
 
 def r_factor(h, complete: bool = False):
@@ -118,14 +130,14 @@ def solve_upper(r, y, block: int = 32):
     return x
 
 
-def lstsq(h, tau, b, schedule: Schedule | None = None):
+def lstsq(h, tau, b, block: int = BLOCK):
     """Least squares min ||A x - b|| for full-rank tall A given its (h, tau): (x, residual). b is (batch, m, p);
     x (batch, n, p); residual (batch, p), the squared norms of the parts of Q^T b that R cannot reach."""
     xp = array_module(h)
     m, n = h.shape[-2:]
     if m < n:
         raise ValueError(f"lstsq needs tall or square matrices (m >= n); got {m}x{n}")
-    y = apply_q(h, tau, b, "L", True, schedule)
+    y = apply_q(h, tau, b, "L", True, block)
     x = solve_upper(xp.triu(h[:, :n, :]), y[:, :n, :])
     residual = (y[:, n:, :] ** 2).sum(axis=1)
     return x, residual

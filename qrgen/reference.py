@@ -122,24 +122,24 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
 # The rest of the factorization in NumPy (qrgen.qmatrix's algorithm, which the GPU runs on CuPy arrays).
 
 
-def householder_product(h, tau, complete: bool = False, schedule: Schedule | None = None) -> np.ndarray:
+def householder_product(h, tau, complete: bool = False) -> np.ndarray:
     """Q of (h, tau): (..., m, min(m, n)), or (..., m, m) with complete=True."""
     from . import qmatrix
 
     h, tau = np.asarray(h), np.asarray(tau)
     m, n = h.shape[-2:]
-    q = qmatrix.householder_product(h.reshape(-1, m, n), tau.reshape(-1, tau.shape[-1]), complete, schedule)
+    q = qmatrix.householder_product(h.reshape(-1, m, n), tau.reshape(-1, tau.shape[-1]), complete)
     return q.reshape(*h.shape[:-2], m, q.shape[-1])
 
 
-def ormqr(h, tau, c, side: str = "L", transpose: bool = False, schedule: Schedule | None = None) -> np.ndarray:
+def ormqr(h, tau, c, side: str = "L", transpose: bool = False) -> np.ndarray:
     """op(Q) C or C op(Q) without forming Q."""
     from . import qmatrix
 
     h, tau, c = np.asarray(h), np.asarray(tau), np.asarray(c)
     m, n = h.shape[-2:]
     out = qmatrix.apply_q(h.reshape(-1, m, n), tau.reshape(-1, tau.shape[-1]), c.reshape(-1, *c.shape[-2:]),
-                          side, transpose, schedule)
+                          side, transpose)
     return out.reshape(c.shape)
 
 

@@ -28,6 +28,8 @@ def test_import_compiles_nothing():
     assert (mod.M, mod.N, mod.BATCH, mod.ARCH) == (1024, 1024, 60, "sm_90")
     assert mod._module._factorizer is None
     assert sum(p.width for p in mod.schedule.panels) == 1024
+    for name in ("geqrf", "qr", "lstsq", "householder_product", "ormqr", "build"):
+        assert callable(getattr(mod, name)) and getattr(mod, name).__doc__, name
 
 
 def test_build_writes_module_and_sources(tmp_path, capsys):

@@ -37,7 +37,7 @@ def _q_gates(a, q, r):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("m,n", [(96, 96), (120, 40)])
+@pytest.mark.parametrize("m,n", [(96, 96), (120, 40), (300, 260)])
 def test_reduced_q_in_float32_passes_the_gates(family, m, n):
     a = stress(family, m, n, 2, seed=7)
     q, r = reference.qr(a, "reduced", dtype=np.float32)
@@ -81,3 +81,19 @@ def test_solve_upper_blocks():
     r = np.triu(rng.standard_normal((2, 75, 75))) + 10 * np.eye(75)
     y = rng.standard_normal((2, 75, 4))
     np.testing.assert_allclose(r @ qmatrix.solve_upper(r, y, block=16), y, atol=1e-10)
+
+
+@pytest.mark.parametrize("m,n", [(150, 130), (130, 150)])
+@pytest.mark.parametrize("complete", [False, True])
+def test_q_is_the_same_for_every_block_width(m, n, complete):
+    """Blocks need not be the factorization's panels; the trailing-only update of Q (sorgqr's) changes nothing."""
+    rng = np.random.default_rng(4)
+    h, tau = reference.geqrf(rng.standard_normal((2, m, n)))
+    qs = [qmatrix.householder_product(h, tau, complete, block) for block in (1, 8, 37, 128, 256)]
+    for q in qs[1:]:
+        np.testing.assert_allclose(q, qs[0], atol=1e-12)
+    full = qmatrix.apply_q(h, tau, np.broadcast_to(np.eye(m)[:, :qs[0].shape[-1]], qs[0].shape), "L", False, 8)
+    np.testing.assert_allclose(full, qs[0], atol=1e-12)
+    assert [b for b in qmatrix.blocks(m, n, 64)] == [(c, min(64, min(m, n) - c)) for c in range(0, min(m, n), 64)]
+    with pytest.raises(ValueError, match="block"):
+        qmatrix.blocks(m, n, 300)
