@@ -4,7 +4,9 @@ Calibrated against `qrgen bench --profile` on the H200 (BENCHMARKS.md, 2026-11-3
 warp/rows panel kernels (1.7 to 4 µs), the flag exchange of multi-block panels (about 10 µs per column on the tall
 shapes; 2 x 4096² with two blocks of 1024 threads paid about 70, not yet understood), cuBLAS
 trailing-update GEMMs (about half the fp32 rate at rank 32, memory-bound and slower at rank 8 and 16), and the host's
-cost per launch. The cols variant has not been measured yet: its term is an instruction count over the clock.
+cost per launch. The lanes term is fitted to CUDA-graph replays of the second session (a barrier per column
+over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
+(cols measured slower than lanes; not fitted).
 It ranks schedules; it does not replace measuring them.
 """
 from __future__ import annotations
@@ -34,8 +36,8 @@ class Estimate:
 
 
 def _column_us(variant: str, threads: int, slots: int, width: int, slice_: int) -> float:
-    if variant == "lanes":  # an instruction count over the clock, not yet calibrated
-        return (6 * slots + 250 + (150 if threads > 32 else 0)) / CLOCK_HZ * 1e6
+    if variant == "lanes":  # fitted to graph replays on the H200: 20 x 32², 40 x 176², 40 x 352² (BENCHMARKS.md)
+        return 0.3 + 0.05 * (threads // 32) + 0.02 * slots
     if variant == "cols":
         return (2 * slots * slice_ + 10 * slice_ + 40) / CLOCK_HZ * 1e6
     return 1.2 + 0.08 * slots * width / 8 + 0.3 * math.log2(threads / 32)
