@@ -153,7 +153,8 @@ def table(rows: list[Timing]) -> str:
         graph_cell = ""
         if graph:
             graph_cell = " — |" if r.graph_us is None else f" {r.graph_us:,.1f} |"
-        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{graph_cell}{mixed_cell} {torch_us} | {speed} | {r.factor:.2f} | "
+        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{graph_cell}{mixed_cell} {torch_us} | {speed} | "
+                     f"{r.factor:.2f} | "
                      f"{r.orthogonality:.2f} | {'pass' if r.passed else 'FAIL'} |")
     return "\n".join(lines)
 

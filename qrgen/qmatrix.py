@@ -3,8 +3,9 @@
 Q = H_0 H_1 ... H_{k-1} is applied in blocks of BLOCK reflectors in compact WY form, B = I - V T V^T, with V
 from h (unit diagonal, zero above) and T from G = V^T V and tau (LAPACK's slarft). The blocks need not be the
 factorization's panels: wide blocks mean few passes over C (a rank-128 update instead of one per 8-, 16- or
-32-column panel). The same code runs on NumPy arrays (the CPU reference, in the arrays' precision) and on CuPy arrays (the
-GPU: batched products through cuBLAS, T by the generated T kernel), so the CPU tests check the GPU's algorithm.
+32-column panel). The same code runs on NumPy arrays (the CPU reference, in the arrays' precision) and on CuPy
+arrays (the GPU: batched products through cuBLAS, T by the generated T kernel), so the CPU tests check the GPU's
+algorithm.
 """
 from __future__ import annotations
 

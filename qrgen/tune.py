@@ -1,9 +1,10 @@
 """Schedule search with optuna: the fastest schedule of a shape whose results pass the gates with margin.
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
-kernel family (warp/rows chosen per panel by the register model, or cols with its column slice), and the input
-precision of each trailing-update stage. Points the resource model rejects never compile. The objective is the
-median time measured on the GPU, or without a GPU the cost model's estimate; the constraint is that a batch of
+kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
+column slice), the aggregate size, and the input precision of each trailing-update stage. Points the resource
+model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
+without a GPU the cost model's estimate; the constraint is that a batch of
 every stress family at that shape passes the gates with margin (factor <= 10, orthogonality <= 50), checked on
 the GPU, or without one by the NumPy reference in float32 with the schedule's rounding. A trial that fails
 (rejected, compile error, launch failure, inaccurate) is recorded with its reason and the study goes on.
@@ -24,8 +25,8 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule, default_panel, lanes_panel, load,
-                       save)
+from .schedule import (LANES_MAX_BATCH, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule, default_aggregate,
+                       default_panel, lanes_panel, load, save)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -46,8 +47,6 @@ DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "aggregat
 
 def default_params(problem: Problem) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial."""
-    from .schedule import LANES_MAX_BATCH, default_aggregate
-
     params = {**DEFAULT_PARAMS, "aggregate": default_aggregate(problem)}
     if problem.batch <= LANES_MAX_BATCH:
         params.update(family="lanes", lanes_head=32, lane_slots="auto")

@@ -51,7 +51,8 @@ def main():
             us = median_time_us(fac, inputs, reps, warmup=2)
             graph_us = graph_time_us(fac, inputs, reps)
             f, o = res.worst()
-            print(f"{text:>44}: {us:10.1f} us (graph replay {graph_us:10.1f})  factor {f:6.2f} orth {o:6.2f} {'pass' if res.ok else 'FAIL'}"
+            print(f"{text:>44}: {us:10.1f} us (graph replay {graph_us:10.1f})  factor {f:6.2f} orth {o:6.2f} "
+                  f"{'pass' if res.ok else 'FAIL'}"
                   f"  [{sched.describe()}]", flush=True)
         except Exception as exc:  # one bad point must not end the comparison
             print(f"{text:>44}: ERROR {type(exc).__name__}: {exc}", flush=True)

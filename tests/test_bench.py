@@ -20,7 +20,8 @@ def test_table_graph_column():
                   Timing(8, 64, 64, 50.0, 90.0, 0.1, 0.2, True, None, None)])
     lines = text.splitlines()
     assert lines[0].startswith("| batch x shape | qrgen µs | graph replay µs | torch.geqrf µs |")
-    assert lines[2].startswith("| 20 x 32² | 100.0 | 12.5 | 300 |") and lines[3].startswith("| 8 x 64² | 50.0 | — |")
+    assert lines[2].startswith("| 20 x 32² | 100.0 | 12.5 | 300 |")
+    assert lines[3].startswith("| 8 x 64² | 50.0 | — |")
 
 
 @pytest.mark.skipif(GPU, reason="checks the refusal where there is no GPU")

@@ -7,8 +7,8 @@ import pytest
 from qrgen.costmodel import estimate
 from qrgen.problem import Problem, Target
 from qrgen.schedule import default_schedule
-from qrgen.tune import (DEFAULT_PARAMS, default_params, ModelEvaluator, Outcome, TrialFailed, schedule_from_params, tune,
-                        tune_and_save)
+from qrgen.tune import (DEFAULT_PARAMS, ModelEvaluator, Outcome, TrialFailed, default_params, schedule_from_params,
+                        tune, tune_and_save)
 
 
 def _storage(tmp_path):
