@@ -205,6 +205,24 @@ class GPUEvaluator:
         rng = np.random.default_rng(0)
         shape = (problem.batch, problem.m, problem.n)
         self.inputs = [cupy.asarray(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
+        self._compiling: dict = {}  # schedule -> Future of its kernels' compilation (prepare)
+        self._pool = None
+
+    def prepare(self, schedules: list) -> None:
+        """Compile the kernels of trials to come in the background (into the disk cache) while the GPU measures
+        the current one."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .codegen import render_all
+        from .compile import compile_many
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qrgen-tune-compile")
+        for schedule in schedules:
+            if schedule not in self._compiling:
+                self._compiling[schedule] = self._pool.submit(
+                    lambda sch: compile_many([(r.name, r.source) for r in render_all(sch, self.target.arch)],
+                                             self.target.arch), schedule)
 
     def __call__(self, schedule: Schedule, params: dict) -> Outcome:
         import cupy
@@ -216,6 +234,9 @@ class GPUEvaluator:
 
         fac = Factorizer(self.problem.m, self.problem.n, schedule, self.target.arch)
         try:
+            pending = self._compiling.pop(schedule, None)
+            if pending is not None:
+                pending.result()  # its errors are this trial's
             fac.build()
         except RuntimeError as exc:
             raise TrialFailed(f"compile error: {str(exc)[:300]}") from None
@@ -291,12 +312,10 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
             if params.get("family") in families:
                 study.enqueue_trial(params, skip_if_exists=True)
 
-    def objective(trial):
-        params = sample(trial, problem, families)
-        try:
-            schedule = schedule_from_params(problem, params)
-        except ValueError as exc:
-            return _fail(trial, f"rejected by the resource model: {exc}")
+    def evaluate(trial, params, schedule, reason):
+        """The trial's objective value(s); TrialFailed (after recording why) where it has none."""
+        if schedule is None:
+            return _fail(trial, reason)
         outcome = evaluator(schedule, params)
         trial.set_user_attr("time_us", outcome.time_us)
         trial.set_user_attr("factor", outcome.factor)
@@ -304,23 +323,46 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
         if not outcome.accurate:
             return _fail(trial, f"inaccurate: factor {outcome.factor:.3g} (limit {TUNE_FACTOR_GATE:g}), "
                                 f"orthogonality {outcome.orthogonality:.3g} (limit {TUNE_ORTHOGONALITY_GATE:g})")
-        return (outcome.time_us, outcome.factor) if multi_objective else outcome.time_us
+        return [outcome.time_us, outcome.factor] if multi_objective else outcome.time_us
+
+    def ask():
+        trial = study.ask()
+        params = sample(trial, problem, families)
+        try:
+            return trial, params, schedule_from_params(problem, params), None
+        except ValueError as exc:
+            return trial, params, None, f"rejected by the resource model: {exc}"
 
     start = time.perf_counter()
-    done = [0]
-
-    def progress(study_, trial):
-        done[0] += 1
-        complete = [t for t in study_.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        failed = sum(t.state == optuna.trial.TrialState.FAIL for t in study_.trials)
-        best = min((t.values[0] for t in complete), default=float("nan"))
-        state = "ok" if trial.state == optuna.trial.TrialState.COMPLETE else trial.user_attrs.get("failure", "failed")
-        log(f"[{done[0]}/{trials}] trial {trial.number}: {state[:90]}; best {best:,.1f} µs; "
-            f"{failed} failed; {time.perf_counter() - start:.0f} s")
-
+    Fail = optuna.trial.TrialState.FAIL
+    # One trial ahead: where the evaluator can compile in the background (GPUEvaluator.prepare), the next trial's
+    # kernels compile while the GPU measures this one. The sampler then decides without the last result.
+    prepare = getattr(evaluator, "prepare", None)
+    queue: list = []  # asked, not yet told
+    done = 0
     try:
-        study.optimize(objective, n_trials=trials, catch=(TrialFailed,), callbacks=[progress])
+        while done < trials:
+            while len(queue) < (2 if prepare else 1) and done + len(queue) < trials:
+                queue.append(ask())
+            if prepare:
+                prepare([schedule for _, _, schedule, _ in queue[1:] if schedule is not None])
+            trial, params, schedule, reason = queue[0]
+            try:
+                values, state = evaluate(trial, params, schedule, reason), "ok"
+            except TrialFailed as exc:
+                values, state = None, str(exc)
+            queue.pop(0)
+            study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE if values is not None else Fail)
+            done += 1
+            complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+            failed = sum(t.state == Fail for t in study.trials)
+            best = min((t.values[0] for t in complete), default=float("nan"))
+            log(f"[{done}/{trials}] trial {trial.number}: {state[:90]}; best {best:,.1f} µs; "
+                f"{failed} failed; {time.perf_counter() - start:.0f} s")
     except KeyboardInterrupt:
+        for trial, *_ in queue:  # the trial being measured and the one asked ahead
+            trial.set_user_attr("failure", "interrupted")
+            study.tell(trial, state=Fail)
         log(f"interrupted: the study keeps its {len(study.trials)} trials in {storage} (run again to resume)")
     return _result(study, problem, storage, multi_objective)
 

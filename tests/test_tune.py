@@ -125,3 +125,30 @@ def test_cost_model_ranks_lanes_and_rows_as_measured(batch, m, n, lanes_faster):
     rows = estimate(schedule_from_params(problem, DEFAULT_PARAMS), problem)
     gpu_time = lambda e: e.panel_us + e.gemm_us  # noqa: E731  (graph replays leave the host's cost out)
     assert (gpu_time(lanes) < gpu_time(rows)) == lanes_faster
+
+
+def test_next_trial_is_prepared_while_this_one_is_measured(tmp_path):
+    """An evaluator with prepare() (the GPU one compiles there) is handed the next trial's schedule before the
+    current one is measured; an interruption leaves no trial running in the study."""
+    problem = Problem(64, 64, 2)
+    events = []
+
+    class Evaluator:
+        def prepare(self, schedules):
+            events.extend(("prepare", s) for s in schedules)
+
+        def __call__(self, schedule, params):
+            events.append(("measure", schedule))
+            if sum(e[0] == "measure" for e in events) == 4:
+                raise KeyboardInterrupt
+            return Outcome(10.0, 0.1, 0.1)
+
+    lines = []
+    tune(problem, Target(), 8, Evaluator(), _storage(tmp_path), log=lines.append)
+    measured = [s for kind, s in events if kind == "measure"]
+    prepared = [s for kind, s in events if kind == "prepare"]
+    assert len(measured) == 4 and all(s in prepared for s in measured[1:])  # every later one was prepared first
+    assert all(events.index(("prepare", s)) < events.index(("measure", s)) for s in measured[1:])
+    study = optuna.load_study(study_name=optuna.get_all_study_names(_storage(tmp_path))[0], storage=_storage(tmp_path))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert any("interrupted" in line for line in lines)
