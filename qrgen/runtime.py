@@ -166,8 +166,9 @@ class Factorizer:
         cupy.cuda.get_current_stream().synchronize()
         return stages
 
-    def run(self, a, stream):
-        """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is."""
+    def run(self, a, stream, skip=()):
+        """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is. `skip`:
+        stages left out, for timing by difference (qrgen.bench.stage_times); the result is then wrong."""
         import cupy
 
         device_id = a.device.id
@@ -178,10 +179,10 @@ class Factorizer:
         tau = cupy.empty((a.shape[0], self.k), dtype=cupy.float32)
         if self._direct_vec and a.flags.c_contiguous and a.data.ptr % (4 * self._direct_vec) == 0:
             h = cupy.empty(a.shape, dtype=cupy.float32)
-            _factor(self, h, tau, workspace, device_id, src=a)
+            _factor(self, h, tau, workspace, device_id, src=a, skip=skip)
         else:
             h = a.copy(order="C")
-            _factor(self, h, tau, workspace, device_id)
+            _factor(self, h, tau, workspace, device_id, skip=skip)
         return h, tau
 
 
@@ -310,6 +311,35 @@ def drive(fac: "Factorizer", engine) -> None:
                         sizes.w, 1.0, c, n, m * n, prec.update)
 
 
+STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate")
+
+
+class SkipStages:
+    """An engine that passes every operation to `engine` except those of the stages named in `skip`: for timing
+    a factorization by difference (the result is then wrong; the work of the other stages is the same)."""
+
+    def __init__(self, engine, skip):
+        unknown = set(skip) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stages {sorted(unknown)}; the stages are {STAGES}")
+        self.engine, self.skip, self.sizes = engine, frozenset(skip), engine.sizes
+
+    def zero(self, name):
+        self.engine.zero(name)
+
+    def panel(self, index, launch, epoch, vt_offset):
+        if "panel" not in self.skip:
+            self.engine.panel(index, launch, epoch, vt_offset)
+
+    def tmat(self, agg):
+        if "tmat" not in self.skip:
+            self.engine.tmat(agg)
+
+    def gemm(self, stage, *args):
+        if stage not in self.skip:
+            self.engine.gemm(stage, *args)
+
+
 class _Workspace:
     """Buffers the launch sequence needs beside h and tau, kept between calls."""
 
@@ -401,7 +431,8 @@ class _CupyEngine:
         self._done(stop)
 
 
-def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None) -> None:
+def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None,
+            skip=()) -> None:
     """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
     (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
     as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate"."""
@@ -414,7 +445,8 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
         sc = None if src is None else (src if whole else src[b0:b0 + nb])
         if ws.multi_block:
             ws.flags.fill(0)
-        drive(fac, _CupyEngine(fac, ws, funcs, hc, tc, sc, stages))
+        engine = _CupyEngine(fac, ws, funcs, hc, tc, sc, stages)
+        drive(fac, SkipStages(engine, skip) if skip else engine)
 
 
 _TMAT_FUNCTIONS: dict[int, tuple] = {}

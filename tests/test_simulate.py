@@ -69,3 +69,22 @@ def test_aggregate_validation():
     s = _uniform(100, 100, 20, aggregate=40)
     assert Schedule.from_json(s.to_json()) == s and s.to_json()["aggregate"] == 40
     assert "aggregate" not in default_schedule(Problem(50, 50)).to_json()
+
+
+def test_skipping_stages_leaves_the_others():
+    """The engine wrapper that `qrgen bench --profile` times by difference passes everything but the named stages."""
+    from qrgen.runtime import SkipStages, drive
+
+    schedule = _uniform(200, 200, 16, aggregate=64)
+    a = stress("random", 200, 200, 2, seed=1)
+    fac = simulate._Fac(schedule)
+    engine = simulate.NumpyEngine(fac, a.copy(), np.zeros((2, 200), dtype=np.float32))
+    drive(fac, SkipStages(engine, ("project", "update", "gram", "tmat", "aggregate")))
+    assert {entry[0] for entry in engine.log} == {"panel", "zero"}
+    assert sum(entry[0] == "panel" for entry in engine.log) == len(schedule.panels)
+    full = simulate.geqrf(a, schedule)[2]
+    engine = simulate.NumpyEngine(fac, a.copy(), np.zeros((2, 200), dtype=np.float32))
+    drive(fac, SkipStages(engine, ("gram", "tmat", "aggregate")))
+    assert [e for e in full if e[:2] not in (("gemm", "gram"), ("gemm", "aggregate")) and e[0] != "tmat"] == engine.log
+    with pytest.raises(ValueError, match="unknown stages"):
+        SkipStages(engine, ("panels",))
