@@ -252,4 +252,3 @@ qr_lanes_w32_t256_s8_trail(const float* __restrict__ src, float* __restrict__ h,
   panel_lanes<1024, 1024, 1024, 8, 32, 256, true>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }
-

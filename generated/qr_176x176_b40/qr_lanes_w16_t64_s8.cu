@@ -252,4 +252,3 @@ qr_lanes_w16_t64_s8(const float* __restrict__ src, float* __restrict__ h, float*
   panel_lanes<176, 176, 176, 8, 16, 64, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }
-

@@ -252,4 +252,3 @@ qr_lanes_w32_t128_s8(const float* __restrict__ src, float* __restrict__ h, float
   panel_lanes<352, 352, 352, 8, 32, 128, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }
-

@@ -252,4 +252,3 @@ qr_lanes_w32_t384_s8_trail(const float* __restrict__ src, float* __restrict__ h,
   panel_lanes<4096, 4096, 4096, 8, 32, 384, true>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }
-

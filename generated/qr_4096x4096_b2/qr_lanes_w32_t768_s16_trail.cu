@@ -252,4 +252,3 @@ qr_lanes_w32_t768_s16_trail(const float* __restrict__ src, float* __restrict__ h
   panel_lanes<4096, 4096, 4096, 16, 32, 768, true>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }
-
