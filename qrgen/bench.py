@@ -61,13 +61,12 @@ def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str 
 
 
 def graph_time_us(fn, inputs: list, reps: int) -> float:
-    """Median of reps replays of CUDA graphs, one captured per input from fn(x) on a non-blocking stream (after
-    an eager warm-up), L2 flushed before each: the GPU time of a call without the host's per-call cost."""
+    """median_time_us of CUDA-graph replays, one graph captured per input from fn(x) on a non-blocking stream
+    (after an eager warm-up): the GPU time of a call without the host's per-call cost."""
     import cupy
 
-    flush = cupy.empty(FLUSH_BYTES // 4, dtype=cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
-    graphs = []
+    graphs, outputs = [], []  # outputs stay alive while their graph is replayed
     with stream:
         for x in inputs:
             fn(x)
@@ -75,23 +74,12 @@ def graph_time_us(fn, inputs: list, reps: int) -> float:
         for x in inputs:
             stream.begin_capture()
             try:
-                out = fn(x)
+                outputs.append(fn(x))
             except BaseException:
                 stream.end_capture()  # leave the stream usable; the capture is discarded
                 raise
-            graphs.append((stream.end_capture(), out))  # outputs stay alive while their graph is replayed
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        graphs[0][0].launch(stream)
-        times = []
-        for i in range(reps):
-            flush.fill(float(i))
-            cupy.cuda.runtime.deviceSynchronize()
-            start.record(stream)
-            graphs[i % len(graphs)][0].launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
-    return statistics.median(times)
+            graphs.append(stream.end_capture())
+        return median_time_us(lambda graph: graph.launch(stream), graphs, reps, warmup=1)
 
 
 def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True, torch_reps: int = 5,

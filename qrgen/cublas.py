@@ -2,7 +2,8 @@
 
 CuPy refuses every cuBLAS call while a stream is capturing (cupy/cupy#6290), although cuBLAS itself supports
 capture once a handle has its own workspace (cuBLAS docs, "CUDA Graphs support"). qrgen therefore keeps one
-cuBLAS handle per device with a fixed workspace and calls cublasGemmStridedBatchedEx on the caller's stream.
+cuBLAS handle per thread and device, each with a fixed workspace, and calls cublasGemmStridedBatchedEx on the
+caller's stream.
 The library is the libcublas that CuPy's own binding loaded (same process, same version).
 """
 from __future__ import annotations
