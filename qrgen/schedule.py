@@ -159,23 +159,15 @@ class Schedule:
     def resources(self, index: int) -> PanelResources:
         panel = self.panels[index]
         rows = self.m - self.starts()[index]
-        cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
+        slots, regs, cap = _registers(panel, rows)
+        warps = panel.threads // 32
         if panel.variant == "cols":
             from .codegen import cols_shared_bytes
 
-            slots = math.ceil(rows / 32)
-            regs = slots * (panel.slice + 1) + panel.slice + REG_OVERHEAD["cols"]
             smem = cols_shared_bytes(panel.width, slots, self.starts()[index] + panel.width < self.n)
         elif panel.variant == "lanes":
-            warps = panel.threads // 32
-            slots = math.ceil(rows / warps)
-            # the column's entries, the broadcast column j (the product (V T)^T: a third array)
-            regs = 3 * slots + REG_OVERHEAD["lanes"]
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
         else:
-            slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
-            regs = slots * panel.width + panel.width + REG_OVERHEAD[panel.variant]
-            warps = panel.threads // 32
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64)
         return PanelResources(rows, slots, regs, cap, smem)
 
@@ -305,17 +297,28 @@ def lanes_panel(rows: int, width: int, slots: int | str = "auto") -> Panel | Non
         slots = 8 if rows <= 256 else 16
     for warps in range(min(32, max(1, math.ceil(rows / slots))), 33):
         panel = Panel(width, "lanes", 32 * warps)
-        slots_needed = math.ceil(rows / warps)
-        cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
-        if 3 * slots_needed + REG_OVERHEAD["lanes"] <= cap:
+        if _fits(rows, panel):
             return panel
     return None
 
 
-def _fits(rows: int, panel: Panel) -> bool:
+def _registers(panel: Panel, rows: int) -> tuple[int, int, int]:
+    """(rows each thread holds, estimated registers per thread, the cap __launch_bounds__(threads, 1) allows)."""
     cap = min(MAX_REGS_PER_THREAD, (REGS_PER_SM // panel.threads) // 8 * 8)
+    if panel.variant == "cols":
+        slots = math.ceil(rows / 32)
+        return slots, slots * (panel.slice + 1) + panel.slice + REG_OVERHEAD["cols"], cap
+    if panel.variant == "lanes":
+        slots = math.ceil(rows / (panel.threads // 32))
+        # the column's entries, the broadcast column j (the product (V T)^T: a third array)
+        return slots, 3 * slots + REG_OVERHEAD["lanes"], cap
     slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
-    return slots * panel.width + panel.width + REG_OVERHEAD[panel.variant] <= cap
+    return slots, slots * panel.width + panel.width + REG_OVERHEAD[panel.variant], cap
+
+
+def _fits(rows: int, panel: Panel) -> bool:
+    _, regs, cap = _registers(panel, rows)
+    return regs <= cap
 
 
 def default_precision(problem: Problem) -> Precision:

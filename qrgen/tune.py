@@ -334,7 +334,7 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
             return trial, params, None, f"rejected by the resource model: {exc}"
 
     start = time.perf_counter()
-    Fail = optuna.trial.TrialState.FAIL
+    failed_state = optuna.trial.TrialState.FAIL
     # One trial ahead: where the evaluator can compile in the background (GPUEvaluator.prepare), the next trial's
     # kernels compile while the GPU measures this one. The sampler then decides without the last result.
     prepare = getattr(evaluator, "prepare", None)
@@ -352,17 +352,17 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
             except TrialFailed as exc:
                 values, state = None, str(exc)
             queue.pop(0)
-            study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE if values is not None else Fail)
+            study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE if values is not None else failed_state)
             done += 1
             complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-            failed = sum(t.state == Fail for t in study.trials)
+            failed = sum(t.state == failed_state for t in study.trials)
             best = min((t.values[0] for t in complete), default=float("nan"))
             log(f"[{done}/{trials}] trial {trial.number}: {state[:90]}; best {best:,.1f} µs; "
                 f"{failed} failed; {time.perf_counter() - start:.0f} s")
     except KeyboardInterrupt:
         for trial, *_ in queue:  # the trial being measured and the one asked ahead
             trial.set_user_attr("failure", "interrupted")
-            study.tell(trial, state=Fail)
+            study.tell(trial, state=failed_state)
         log(f"interrupted: the study keeps its {len(study.trials)} trials in {storage} (run again to resume)")
     return _result(study, problem, storage, multi_objective)
 
