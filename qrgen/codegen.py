@@ -69,6 +69,10 @@ class Aggregate:
     last: int
 
 
+# The panel products of schedule.panel_update "split" (templates/cuda/split.cu.j2): blocks of SPLIT_THREADS,
+# SPLIT_TILE rows per shared-memory step (project) or per block (update), 32 columns per block.
+SPLIT_THREADS = 256
+SPLIT_TILE = 64
 TMAT_KERNEL = "qr_tmat"
 TMAT_THREADS = 256  # one thread per reflector: blocks and aggregates of up to 256 columns (schedule.MAX_AGGREGATE)
 
@@ -144,6 +148,9 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
                                blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 and trail else 0),
                                trail=trail, shared_bytes=shared, nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs))
     kernels = [KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items()]
+    if schedule.panel_update == "split":
+        widths = sorted({L.width for L in launches if L.nc > 0})
+        kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
     if any(a.nc > 0 for a in aggs):
         kernels.append(tmat_kernel())
     return tuple(kernels), tuple(launches)
@@ -169,6 +176,8 @@ def _name(key: tuple) -> str:
 def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend: str = "cuda") -> Rendered:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+    if kernel.variant in ("project", "update"):
+        return render_split(kernel, arch)
     name = "cuda/tmat.cu.j2" if kernel.variant == "tmat" else BACKENDS[backend]["template"]
     template = environment().get_template(name)
     source = template.render(
@@ -186,6 +195,20 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
 def tmat_kernel() -> KernelSpec:
     """The T kernel, the same for every schedule (aggregates, and Q's blocks in qrgen.qmatrix)."""
     return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, 0, ())
+
+
+def split_kernel(kind: str, width: int) -> KernelSpec:
+    """The "split" panel product `kind` ("project" or "update") for panels of `width` columns."""
+    return KernelSpec(split_name(kind, width), kind, width, SPLIT_THREADS, 1, 0, 1, False, 0, 0, ())
+
+
+def split_name(kind: str, width: int) -> str:
+    return f"qr_{kind}_w{width}"
+
+
+def render_split(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
+    template = environment().get_template("cuda/split.cu.j2")
+    return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, tile=SPLIT_TILE))
 
 
 def render_tmat(arch: str = "sm_90") -> Rendered:

@@ -4,7 +4,9 @@ Calibrated against `qrgen bench --profile` on the H200 (BENCHMARKS.md, 2026-11-3
 warp/rows panel kernels (1.7 to 4 µs), the flag exchange of multi-block panels (about 10 µs per column on the tall
 shapes; 2 x 4096² with two blocks of 1024 threads paid about 70, not yet understood), cuBLAS
 trailing-update GEMMs (about half the fp32 rate at rank 32, memory-bound and slower at rank 8 and 16), and the host's
-cost per launch. The lanes term is fitted to CUDA-graph replays of the second session (a barrier per column
+cost per launch. cuBLAS products with few output tiles run on few SMs when the batch is small (2 x 4096 rows,
+8 x 120 output: 61 µs), the split kernels fill the GPU but compute at about 3 TFLOP/s (scripts/skinny_bench.py).
+The lanes term is fitted to CUDA-graph replays of the second session (a barrier per column
 over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
 (cols measured slower than lanes; not fitted).
 It ranks schedules; it does not replace measuring them.
@@ -25,6 +27,10 @@ RATE = {"fp32": 25e12, "tf32": 200e12, "bf16": 350e12, "fp16": 350e12}  # FLOP/s
 HOST_US_PER_LAUNCH = 10.0
 GEMM_FIXED_US = 8.0
 MULTI_BLOCK_US_PER_COLUMN = 10.0
+# FLOP/s of the split kernels: 5.5e12 measured where they split the rows (8 x 2048 rows, 16 x 112), 2.7e12 where
+# the batch alone fills the GPU and each block walks long row ranges (60 x 1024 rows, 32 x 96)
+SPLIT_RATE = {True: 5.5e12, False: 2.7e12}
+SPLIT_FIXED_US = 5.0
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,21 @@ def _blocks_per_sm(threads: int, registers: int) -> int:
 
 
 def _gemm_us(rows: int, cols: int, depth: int, batch: int, precision: str, passes: int) -> float:
-    """A product of (rows x depth) by (depth x cols) per matrix whose output (rows x cols) is read `passes` times."""
+    """A product of (rows x depth) by (depth x cols) per matrix whose output (rows x cols) is read `passes` times
+    (or, `passes` 1 with rows small, whose long input C, depth x cols, is read once)."""
     flops = 2.0 * rows * cols * depth * batch
     bandwidth = BANDWIDTH * min(1.0, depth / 32) ** 0.8
-    return max(flops / RATE[precision], passes * 4.0 * rows * cols * batch / bandwidth) * 1e6 + GEMM_FIXED_US
+    # cuBLAS splits K itself for a single matrix; for a few, about four blocks per 128 x 128 output tile
+    fill = 1.0 if batch == 1 else min(1.0, 4 * batch * math.ceil(rows / 128) * math.ceil(cols / 128) / SMS)
+    touched = max(rows, depth) * cols if passes == 1 else rows * cols
+    return max(flops / RATE[precision], passes * 4.0 * touched * batch / (bandwidth * fill)) * 1e6 + GEMM_FIXED_US
+
+
+def _split_us(rows: int, cols: int, width: int, batch: int, passes: int) -> float:
+    """A split kernel over C (rows x cols per matrix) with panels of `width` columns, C read `passes` times."""
+    rate = SPLIT_RATE[batch * math.ceil(cols / 32) < SMS]
+    return max(2.0 * rows * cols * width * batch / rate,
+               passes * 4.0 * rows * cols * batch / BANDWIDTH) * 1e6 + SPLIT_FIXED_US
 
 
 def estimate(schedule: Schedule, problem: Problem) -> Estimate:
@@ -70,7 +87,10 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
             per_column += MULTI_BLOCK_US_PER_COLUMN
         panel_us += L.width * per_column * waves
         n_launches += 1
-        if L.nc > 0:
+        if L.nc > 0 and schedule.panel_update == "split":
+            gemm_us += _split_us(L.rows, L.nc, L.width, batch, 1) + _split_us(L.rows, L.nc, L.width, batch, 2)
+            n_launches += 2
+        elif L.nc > 0:
             # W (width x nc) reads C once; C -= V W reads and writes it.
             gemm_us += _gemm_us(L.width, L.nc, L.rows, batch, prec.project, 1)
             gemm_us += _gemm_us(L.rows, L.nc, L.width, batch, prec.update, 2)

@@ -90,9 +90,12 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
     low = np.dtype(dtype) == np.float32
     rnd = (lambda x, p: round_to(x, p)) if low else (lambda x, p: x)
 
-    def update(v, z, c):  # C -= V (Z^T C), each product's inputs rounded as its stage says
-        wmat = np.matmul(rnd(z, prec.project).transpose(0, 2, 1), rnd(c, prec.project))
-        return c - np.matmul(rnd(v, prec.update), rnd(wmat, prec.update))
+    def update(v, z, c, project=prec.project, upd=prec.update):  # C -= V (Z^T C), inputs rounded per stage
+        wmat = np.matmul(rnd(z, project).transpose(0, 2, 1), rnd(c, project))
+        return c - np.matmul(rnd(v, upd), rnd(wmat, upd))
+
+    # The split kernels compute the panels' own products in fp32 (schedule.panel_update).
+    panel_precision = ("fp32", "fp32") if schedule.panel_update == "split" else (prec.project, prec.update)
 
     def wy(v, t, gram):  # Z = V T with T from the Gram matrix (inputs rounded as `gram` says) and tau
         vr = rnd(v, gram)
@@ -108,7 +111,7 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
         tau[:, c0:c0 + w] = t
         if L.nc > 0:
             right = slice(c0 + w, c0 + w + L.nc)
-            h[:, c0:, right] = update(v, wy(v, t, schedule.panel_gram(index)), h[:, c0:, right])
+            h[:, c0:, right] = update(v, wy(v, t, schedule.panel_gram(index)), h[:, c0:, right], *panel_precision)
         agg = after.get(index)
         if agg is not None:  # the aggregate's reflectors, merged, update the columns right of it
             vg = np.tril(h[:, agg.a0:, agg.a0:agg.a1], -1)

@@ -272,13 +272,16 @@ def drive(fac: "Factorizer", engine) -> None:
     """The launch sequence of one chunk of matrices, on any engine (CuPy here; NumPy in qrgen.simulate).
 
     Operands are (buffer name, float offset within a matrix); each buffer holds the chunk's matrices at a fixed
-    stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate.
+    stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate
+    (through cuBLAS or the split kernels, as the schedule's panel_update says).
     After an aggregate's last panel: G = V^T V, T from G and tau, (V T)^T, then the same two products on the
     columns right of the aggregate.
     """
     m, n = fac.m, fac.n
     prec = fac.schedule.precision
     sizes = engine.sizes
+    via = fac.schedule.panel_update  # how the panels' own products run: "cublas" or "split" (fp32 kernels)
+    cublas_panels = via == "cublas"
     epoch = 0
     by_last = {a.last: a for a in fac.aggregates if a.nc > 0}
     firsts = {a.first for a in fac.aggregates if a.nc > 0}
@@ -292,9 +295,11 @@ def drive(fac: "Factorizer", engine) -> None:
         if L.nc > 0:
             c = ("h", L.c0 * n + L.c0 + L.width)
             engine.gemm("project", False, False, L.width, L.nc, L.rows, 1.0, ("zt", 0), L.rows, L.width * L.rows,
-                        c, n, m * n, 0.0, ("w", 0), L.nc, sizes.w, prec.project)
+                        c, n, m * n, 0.0, ("w", 0), L.nc, sizes.w, prec.project if cublas_panels else "fp32",
+                        via=via)
             engine.gemm("update", True, False, L.rows, L.nc, L.width, -1.0, v, L.v_ld, L.v_bs,
-                        ("w", 0), L.nc, sizes.w, 1.0, c, n, m * n, prec.update)
+                        ("w", 0), L.nc, sizes.w, 1.0, c, n, m * n, prec.update if cublas_panels else "fp32",
+                        via=via)
         agg = by_last.get(index)
         if agg is not None:
             a, rows = agg.a1 - agg.a0, agg.rows
@@ -335,9 +340,9 @@ class SkipStages:
         if "tmat" not in self.skip:
             self.engine.tmat(agg)
 
-    def gemm(self, stage, *args):
+    def gemm(self, stage, *args, **kwargs):
         if stage not in self.skip:
-            self.engine.gemm(stage, *args)
+            self.engine.gemm(stage, *args, **kwargs)
 
 
 class _Workspace:
@@ -357,11 +362,30 @@ class _Workspace:
         self.buffers = {name: cupy.empty((self.chunk, getattr(self.sizes, name)), dtype=cupy.float32)
                         for name in ("vt", "zt", "w", "g", "zg")}
         self.buffers["t"] = cupy.empty((self.chunk, self.sizes.g), dtype=cupy.float32)
+        # The split panel products: partial sums per row block, and a counter per matrix and column tile that the
+        # last block of each launch resets (zero between launches).
+        split = [L for L in fac.launches if L.nc > 0] if fac.schedule.panel_update == "split" else []
+        self.sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
+        self.buffers["part"] = cupy.empty((self.chunk, max([split_rows(L.rows, L.nc, self.chunk, self.sms)[0]
+                                                             * L.width * L.nc for L in split] + [1])),
+                                          dtype=cupy.float32)
+        self.counters = cupy.zeros((self.chunk * max([-(-L.nc // 32) for L in split] + [1]),), dtype=cupy.uint32)
         max_blocks = max(L.blocks for L in fac.launches)
         self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
         self.multi_block = max_blocks > 1
         self.panel_args: dict[int, tuple] = {}  # per panel, its launch arguments after (src, h, tau)
+
+
+def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
+    """(blocks along the rows, rows per block) of a split projection: about two blocks per SM over the batch and
+    the 32-column tiles, each block at least SPLIT_TILE rows (a multiple of it)."""
+    tile = codegen.SPLIT_TILE
+    tiles = -(-nc // 32)
+    splits = max(1, min(-(-rows // tile), -(-2 * sms // (batch * tiles))))
+    chunk = -(-rows // splits)
+    chunk = -(-chunk // tile) * tile
+    return -(-rows // chunk), chunk
 
 
 class _CupyEngine:
@@ -422,13 +446,38 @@ class _CupyEngine:
         self._done(stop)
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-             precision):
-        """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T."""
+             precision, via="cublas"):
+        """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T; via "split":
+        a panel's projection (W = Z^T C) or update (C -= V W) by the split kernels."""
         stop = self._mark(stage, None)
+        if via == "split":
+            self._split(stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc)
+            self._done(stop)
+            return
         cublas.gemm(self.device_id, self.stream_ptr, trans_a, trans_b, rows, cols, depth, alpha,
                     self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
                     self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision)
         self._done(stop)
+
+
+    def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
+        ptr = self.ptrs
+        tiles = -(-cols // 32)
+        if stage == "project":  # W (rows = width, cols) = Z^T (width x depth) C (depth x cols)
+            splits, chunk = split_rows(depth, cols, self.ws.chunk, self.ws.sms)  # as the workspace was sized
+            _, func = self.funcs[codegen.split_name("project", rows)]
+            part = self.ws.buffers["part"]
+            func((tiles, splits, self.nb), (codegen.SPLIT_THREADS,),
+                 (np.uint64(ptr[a[0]] + 4 * a[1]), np.int32(lda), np.int64(sa),
+                  np.uint64(ptr[b[0]] + 4 * b[1]), np.int32(ldb), np.int64(sb), part, np.int64(part.shape[1]),
+                  np.uint64(ptr[c[0]] + 4 * c[1]), np.int32(ldc), np.int64(sc), self.ws.counters,
+                  np.int32(depth), np.int32(cols), np.int32(chunk)))
+        else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
+            _, func = self.funcs[codegen.split_name("update", depth)]
+            func((tiles, -(-rows // codegen.SPLIT_TILE), self.nb), (codegen.SPLIT_THREADS,),
+                 (np.uint64(ptr[a[0]] + 4 * a[1]), np.int32(lda), np.int64(sa),
+                  np.uint64(ptr[b[0]] + 4 * b[1]), np.int32(ldb), np.int64(sb),
+                  np.uint64(ptr[c[0]] + 4 * c[1]), np.int32(ldc), np.int64(sc), np.int32(rows), np.int32(cols)))
 
 
 def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None,

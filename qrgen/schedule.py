@@ -19,6 +19,7 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
+PANEL_UPDATES = ("cublas", "split")
 
 # sm_90 budgets (per block): the compiler's register cap comes from __launch_bounds__(threads, 1).
 MAX_REGS_PER_THREAD = 255
@@ -120,6 +121,10 @@ class Schedule:
     # of its aggregate (A columns from a multiple of A) and each aggregate's compact WY form, merged from its
     # panels', updates the rest at once (rank-A updates instead of rank-width ones).
     aggregate: int = 0
+    # How each panel's own two products (W = (V T)^T C, C -= V W) run: "cublas", strided-batched GEMMs at the
+    # precisions above; "split", generated fp32 kernels that also split the rows over blocks (templates/cuda/
+    # split.cu.j2), for small batches whose GEMMs would leave most SMs idle. The aggregates' products use cuBLAS.
+    panel_update: str = "cublas"
 
     def __post_init__(self):
         object.__setattr__(self, "panels", tuple(self.panels))
@@ -130,6 +135,11 @@ class Schedule:
         if not isinstance(self.aggregate, int) or self.aggregate < 0 or self.aggregate > MAX_AGGREGATE:
             raise ValueError(f"Schedule.aggregate must be 0 (off) or a column count up to {MAX_AGGREGATE}, "
                              f"got {self.aggregate!r}")
+        if self.panel_update not in PANEL_UPDATES:
+            raise ValueError(f"Schedule.panel_update must be one of {PANEL_UPDATES}, got {self.panel_update!r}")
+        if self.panel_update == "split" and max(widths) > 32:
+            raise ValueError(f"Schedule.panel_update 'split' takes panels of at most 32 columns; got widths up to "
+                             f"{max(widths)}")
         if self.aggregate:
             starts = set(self.starts())
             cut = next((c for c in range(self.aggregate, k, self.aggregate) if c not in starts), None)
@@ -182,6 +192,8 @@ class Schedule:
                 "precision": asdict(self.precision)}
         if self.aggregate:
             data["aggregate"] = self.aggregate
+        if self.panel_update != "cublas":
+            data["panel_update"] = self.panel_update
         return data
 
     @classmethod
@@ -189,7 +201,7 @@ class Schedule:
         try:
             panels = tuple(Panel(**p) for p in data["panels"])
             return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})),
-                       aggregate=data.get("aggregate", 0))
+                       aggregate=data.get("aggregate", 0), panel_update=data.get("panel_update", "cublas"))
         except KeyError as exc:
             raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
@@ -209,7 +221,8 @@ class Schedule:
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
         prec = self.precision
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
-        return text + (f"; aggregates of {self.aggregate} columns" if self.aggregate else "")
+        text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
+        return text + ("; panel products split over blocks" if self.panel_update == "split" else "")
 
 
 def _panel_json(p: Panel) -> dict:
@@ -342,6 +355,10 @@ def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
 # about 1024 columns on when several matrices share the work or the panels are only 8 wide (2 x 4096²: 44.8
 # against 59.7 ms; 8 x 2048²: 14.6 against 16.8; 1 x 4096x1024: 7.0 against 8.9) and cost where one matrix has
 # 16-wide panels (1 x 2048²: 9.1 against 6.8 ms) or the matrix is small (40 x 352²: 1.86 against 1.36 ms).
+# The split panel products (scripts/skinny_bench.py, H200): 5.9x faster than cuBLAS for 2 matrices of 4096 rows
+# with 8-wide panels, 2.4x for 8 of 2048 rows, slower from about 60 matrices on and even at one (cuBLAS splits K
+# itself there): used with aggregates (at most 4 tiles of 32 columns per panel) for 2 to 8 matrices.
+SPLIT_BATCHES = (2, 8)
 LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
@@ -353,6 +370,10 @@ def default_aggregate(problem: Problem) -> int:
     if problem.batch >= 2 or default_panel(problem.m, problem.k).width < 16:
         return DEFAULT_AGGREGATE
     return 0
+
+
+def default_panel_update(problem: Problem, aggregate: int) -> str:
+    return "split" if aggregate and SPLIT_BATCHES[0] <= problem.batch <= SPLIT_BATCHES[1] else "cublas"
 
 
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
@@ -367,4 +388,5 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
         panel = panel or default_panel(rows, end - col)
         panels.append(panel)
         col += panel.width
-    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem), aggregate)
+    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem), aggregate,
+                    default_panel_update(problem, aggregate))

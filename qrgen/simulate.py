@@ -74,7 +74,7 @@ class NumpyEngine:
         self.log.append(("tmat", agg.a0))
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-             precision):
+             precision, via="cublas"):
         ma = self._matrix(a[0], a[1], sa, depth if trans_a else rows, rows if trans_a else depth, lda)
         mb = self._matrix(b[0], b[1], sb, cols if trans_b else depth, depth if trans_b else cols, ldb)
         mc = self._matrix(c[0], c[1], sc, rows, cols, ldc)
@@ -83,7 +83,10 @@ class NumpyEngine:
         product = np.matmul(round_to(np.ascontiguousarray(opa), precision),
                             round_to(np.ascontiguousarray(opb), precision))
         mc[...] = alpha * product + (beta * mc if beta else 0.0)
-        self.log.append(("gemm", stage, precision))
+        if via == "split":  # the split kernels' two patterns only (fp32 FMAs, summed in another order)
+            assert precision == "fp32" and ((stage, trans_a, alpha, beta) == ("project", False, 1.0, 0.0) or
+                                            (stage, trans_a, alpha, beta) == ("update", True, -1.0, 1.0))
+        self.log.append(("gemm", stage, precision, via))
 
 
 def geqrf(a: np.ndarray, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, list]:

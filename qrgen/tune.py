@@ -25,7 +25,8 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (LANES_MAX_BATCH, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule, default_aggregate,
+from .schedule import (LANES_MAX_BATCH, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule,
+                       default_aggregate, default_panel_update,
                        default_panel, lanes_panel, load, save)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
@@ -42,12 +43,13 @@ ALL_FAMILIES = ("rows", "cols", "lanes")
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
 DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "aggregate": 0, "gram": "fp32",
-                  "project": "fp32", "update": "fp32"}
+                  "project": "fp32", "update": "fp32", "panel_update": "cublas"}
 
 
 def default_params(problem: Problem) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial."""
-    params = {**DEFAULT_PARAMS, "aggregate": default_aggregate(problem)}
+    aggregate = default_aggregate(problem)
+    params = {**DEFAULT_PARAMS, "aggregate": aggregate, "panel_update": default_panel_update(problem, aggregate)}
     if problem.batch <= LANES_MAX_BATCH:
         params.update(family="lanes", lanes_head=32, lane_slots="auto")
         del params["rows_head"]
@@ -113,7 +115,8 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         panels.append(panel)
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
-    return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate)
+    return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
+                    params.get("panel_update", "cublas"))
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
@@ -132,6 +135,7 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
     if params["family"] == "lanes":
         params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
+    params["panel_update"] = trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS)
     return params

@@ -180,10 +180,12 @@ def test_tune_on_the_gpu(tmp_path):
     assert path.exists() and result.outcome.accurate and result.outcome.time_us > 0
 
 
+@pytest.mark.parametrize("panel_update", ["cublas", "split"])
 @pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
-                                                 (1024, 1024, 32, 256)])
-def test_aggregated_schedules_every_family(m, n, width, aggregate):
-    """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A)."""
+                                                 (1024, 1024, 32, 256), (2000, 300, 8, 128)])
+def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update):
+    """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A); the
+    panels' own products through cuBLAS or the split kernels."""
     import cupy
 
     from qrgen.runtime import Factorizer
@@ -196,7 +198,7 @@ def test_aggregated_schedules_every_family(m, n, width, aggregate):
         panel = default_panel(m - col, end - col, (width,))
         panels.append(panel)
         col += panel.width
-    schedule = Schedule(m, n, tuple(panels), aggregate=aggregate)
+    schedule = Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update)
     fac = Factorizer(m, n, schedule, "sm_90")
     for family in FAMILIES:
         a = stress(family, m, n, 3, seed=aggregate)

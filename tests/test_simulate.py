@@ -10,7 +10,7 @@ from qrgen.schedule import Panel, Precision, Schedule, default_schedule
 from qrgen.testing import FAMILIES, stress
 
 
-def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows"):
+def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", panel_update="cublas"):
     k = min(m, n)
     widths = [width] * (k // width) + ([k % width] if k % width else [])
     if variant == "cols":
@@ -19,7 +19,7 @@ def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows"):
         panels = tuple(Panel(w, "lanes", 256) for w in widths)
     else:
         panels = tuple(Panel(w, "rows", 64) for w in widths)
-    return Schedule(m, n, panels, precision, aggregate)
+    return Schedule(m, n, panels, precision, aggregate, panel_update)
 
 
 SCHEDULES = [
@@ -32,10 +32,12 @@ SCHEDULES = [
     _uniform(150, 150, 8, aggregate=48, precision=Precision("tf32", "tf32", "bf16")),
     _uniform(160, 160, 32, aggregate=96, variant="cols"),
     _uniform(160, 120, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32"), variant="lanes"),
+    _uniform(200, 150, 8, aggregate=64, panel_update="split"),
+    _uniform(90, 120, 32, panel_update="split", variant="lanes"),
 ]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.m}x{s.n}-a{s.aggregate}")
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.m}x{s.n}-a{s.aggregate}-{s.panel_update}")
 def test_launch_sequence_matches_the_reference(schedule):
     a = stress("random", schedule.m, schedule.n, 3, seed=schedule.m)
     h, tau, log = simulate.geqrf(a, schedule)
@@ -88,3 +90,30 @@ def test_skipping_stages_leaves_the_others():
     assert [e for e in full if e[:2] not in (("gemm", "gram"), ("gemm", "aggregate")) and e[0] != "tmat"] == engine.log
     with pytest.raises(ValueError, match="unknown stages"):
         SkipStages(engine, ("panels",))
+
+
+def test_split_panel_products():
+    """panel_update "split": the panels' own products go to the split kernels in fp32 (whatever the precision of
+    the aggregates' products), the aggregates' through cuBLAS; the default picks it for 2 to 8 aggregated matrices."""
+    from qrgen.runtime import split_rows
+
+    schedule = _uniform(200, 150, 8, aggregate=64, precision=Precision("fp32", "tf32", "tf32"), panel_update="split")
+    _, _, log = simulate.geqrf(stress("random", 200, 150, 2, seed=2), schedule)
+    gemms = [e for e in log if e[0] == "gemm"]
+    panel_level = [e for e in gemms if e[3] == "split"]
+    assert panel_level and {e[2] for e in panel_level} == {"fp32"} and {e[1] for e in panel_level} == {"project",
+                                                                                                        "update"}
+    assert {e[2] for e in gemms if e[3] == "cublas" and e[1] in ("project", "update")} == {"tf32"}
+    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["panel_update"] == "split"
+    assert "panel_update" not in _uniform(100, 100, 20).to_json()
+    assert default_schedule(Problem(4096, 4096, 2)).panel_update == "split"
+    assert default_schedule(Problem(2048, 2048, 8)).panel_update == "split"
+    for problem in (Problem(4096, 4096, 1), Problem(1024, 1024, 60), Problem(352, 352, 4)):
+        assert default_schedule(problem).panel_update == "cublas"
+    with pytest.raises(ValueError, match="panel_update"):
+        _uniform(100, 100, 20, panel_update="splitk")
+    # about two blocks per SM of 132, whole tiles of 64 rows, every row covered once
+    for rows, nc, batch in [(4096, 120, 2), (100, 8, 1), (1000, 480, 640), (64, 32, 1), (100000, 24, 1)]:
+        splits, chunk = split_rows(rows, nc, batch, 132)
+        assert chunk % 64 == 0 and (splits - 1) * chunk < rows <= splits * chunk
+        assert splits == 1 or batch * -(-nc // 32) * (splits - 1) < 2 * 132
