@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import sys
 import threading
@@ -374,7 +375,29 @@ class _Workspace:
         self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
         self.multi_block = max_blocks > 1
-        self.panel_args: dict[int, tuple] = {}  # per panel, its launch arguments after (src, h, tau)
+        self.ptrs = {name: b.data.ptr for name, b in self.buffers.items()}
+        self.strides = {"h": fac.m * fac.n, "vt": self.sizes.vt, "zt": self.sizes.zt, "w": self.sizes.w,
+                        "g": self.sizes.g, "t": self.sizes.g, "zg": self.sizes.zg}
+        self.panel_args: dict[int, _PackedArgs] = {}  # per panel, its packed launch arguments
+
+
+# The panel kernels' parameters (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs.
+_PANEL_PARAMS = (ctypes.c_uint64,) * 7 + (ctypes.c_uint32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                          ctypes.c_int64)
+
+
+class _PackedArgs:
+    """A kernel's arguments packed once as the driver takes them (an array of pointers to the values), so that a
+    launch costs one driver call; per call only the pointers that change (src, h, tau) are rewritten. The driver
+    copies the values when the launch is queued, so rewriting them for the next call is safe."""
+
+    def __init__(self, types, values):
+        self.values = [t(v) for t, v in zip(types, values)]
+        self.pointers = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        self.address = ctypes.addressof(self.pointers)
+
+    def set(self, index: int, value) -> None:
+        self.values[index].value = value
 
 
 def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
@@ -391,19 +414,21 @@ def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
 class _CupyEngine:
     """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
 
-    def __init__(self, fac: "Factorizer", ws: _Workspace, funcs: dict, h, tau, src, stages: list | None):
+    def __init__(self, fac: "Factorizer", ws: _Workspace, funcs: dict, h, tau, src, stages: list | None,
+                 device_id: int):
         import cupy
 
         self.fac, self.ws, self.funcs, self.stages = fac, ws, funcs, stages
         self.cupy = cupy
-        self.device_id = h.device.id
+        self.device_id = device_id
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
         self.sizes = ws.sizes
         self.nb = h.shape[0]
         self.h, self.tau, self.src = h, tau, src
-        self.strides = {"h": fac.m * fac.n, "vt": ws.sizes.vt, "zt": ws.sizes.zt, "w": ws.sizes.w,
-                        "g": ws.sizes.g, "t": ws.sizes.g, "zg": ws.sizes.zg}
-        self.ptrs = {"h": h.data.ptr, **{k: b.data.ptr for k, b in ws.buffers.items()}}
+        self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr
+        self.src_ptr = None if src is None else src.data.ptr
+        self.strides = ws.strides
+        self.ptrs = {**ws.ptrs, "h": self.h_ptr}
 
     def _mark(self, stage, launch):
         if self.stages is None:
@@ -418,20 +443,29 @@ class _CupyEngine:
             stop.record()
 
     def zero(self, name):
-        stream = self.cupy.cuda.get_current_stream()
-        self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], stream.ptr)
+        self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], self.stream_ptr)
 
     def panel(self, index, L, epoch, vt_offset):
         _, func = self.funcs[L.kernel]
-        src = self.src if (index == 0 and self.src is not None) else self.h
+        src = self.src_ptr if (index == 0 and self.src_ptr is not None) else self.h_ptr
         stop = self._mark("panel", L)
-        rest = self.ws.panel_args.get(index)
-        if rest is None:  # the same for every call on this workspace: built once (numpy scalars cost host time)
-            rest = self.ws.panel_args[index] = (
-                np.uint64(self.ptrs["vt"] + 4 * vt_offset), self.ws.buffers["zt"], self.ws.xch, self.ws.flags,
-                np.uint32(epoch), np.int32(L.c0), np.int32(L.rows), np.int32(L.v_ld), np.int64(L.v_bs))
-        func((self.nb * L.blocks,), (L.threads,), (src, self.h, self.tau) + rest,
-             shared_mem=L.shared_bytes, enable_cooperative_groups=L.blocks > 1)
+        args = self.ws.panel_args.get(index)
+        if args is None:  # the same for every call on this workspace but src, h and tau
+            ws = self.ws
+            args = ws.panel_args[index] = _PackedArgs(_PANEL_PARAMS, (
+                src, self.h_ptr, self.tau_ptr, ws.ptrs["vt"] + 4 * vt_offset, ws.ptrs["zt"], ws.xch.data.ptr,
+                ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
+        else:
+            args.set(0, src)
+            args.set(1, self.h_ptr)
+            args.set(2, self.tau_ptr)
+        driver = self.cupy.cuda.driver
+        if L.blocks > 1:  # the blocks of a matrix wait for each other: all must be resident
+            driver.launchCooperativeKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
+                                           self.stream_ptr, args.address)
+        else:
+            driver.launchKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
+                                self.stream_ptr, args.address, 0)
         self._done(stop)
 
     def tmat(self, agg):
@@ -494,7 +528,7 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
         sc = None if src is None else (src if whole else src[b0:b0 + nb])
         if ws.multi_block:
             ws.flags.fill(0)
-        engine = _CupyEngine(fac, ws, funcs, hc, tc, sc, stages)
+        engine = _CupyEngine(fac, ws, funcs, hc, tc, sc, stages, device_id)
         drive(fac, SkipStages(engine, skip) if skip else engine)
 
 
