@@ -79,6 +79,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--shape", type=_shape, required=True, metavar="MxN", help="matrix shape, such as 1024x1024")
     t.add_argument("--batch", type=_positive, default=1, help="number of matrices (default 1)")
     t.add_argument("--trials", type=_positive, default=50, help="trials to run now (default 50)")
+    t.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="start no trial after this many seconds (the first always runs); the best so far is written")
     t.add_argument("--arch", default=None, help="target architecture (default: this machine's GPU, else sm_90)")
     t.add_argument("--storage", default=None,
                    help="optuna storage URL (default: SQLite in the cache directory, $QRGEN_CACHE_DIR)")
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 tune_and_save(problem, target, args.trials, args.storage, getattr(args, "multi_objective", False),
                               args.schedules, getattr(args, "seed", 0),
                               evaluator=ModelEvaluator(problem) if cost_model else None,
-                              families=ALL_FAMILIES if getattr(args, "with_cols", False) else FAMILIES)
+                              families=ALL_FAMILIES if getattr(args, "with_cols", False) else FAMILIES,
+                              time_limit=getattr(args, "time_limit", None))
             if args.command == "build":
                 build(problem, target, args.out, args.schedules, compile_kernels=not args.no_compile,
                       jobs=args.jobs)

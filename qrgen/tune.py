@@ -81,6 +81,7 @@ class TuneResult:
     study_name: str
     storage: str
     pareto: tuple = ()  # (params, Outcome) of the Pareto front, multi-objective only
+    default: Outcome | None = None  # the default schedule's trial in this study (None: not run or it failed)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,7 +294,8 @@ def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> li
 
 def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage: str | None = None,
          multi_objective: bool = False, seed: int = 0, schedule_root: Path | None = None, log=print,
-         families: tuple[str, ...] = FAMILIES) -> TuneResult:
+         families: tuple[str, ...] = FAMILIES, time_limit: float | None = None) -> TuneResult:
+    """Run up to `trials` trials (no new one starts after `time_limit` seconds) and return the best so far."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials are reported by the progress line
@@ -344,10 +346,17 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
     prepare = getattr(evaluator, "prepare", None)
     queue: list = []  # asked, not yet told
     done = 0
+
+    def may_start() -> bool:  # the first trial always runs; after time_limit no new one starts
+        return time_limit is None or (done == 0 and not queue) or time.perf_counter() - start <= time_limit
+
     try:
         while done < trials:
-            while len(queue) < (2 if prepare else 1) and done + len(queue) < trials:
+            while len(queue) < (2 if prepare else 1) and done + len(queue) < trials and may_start():
                 queue.append(ask())
+            if not queue:
+                log(f"time limit of {time_limit:g} s reached after {done} trial(s)")
+                break
             if prepare:
                 prepare([schedule for _, _, schedule, _ in queue[1:] if schedule is not None])
             trial, params, schedule, reason = queue[0]
@@ -405,8 +414,10 @@ def _result(study, problem: Problem, storage: str, multi_objective: bool) -> Tun
         front = ()
         best = study.best_trial
     params = dict(best.params)
+    defaults = default_params(problem)
+    default = next((_outcome(t) for t in complete if dict(t.params) == defaults), None)
     return TuneResult(schedule_from_params(problem, params), params, _outcome(best), len(complete), failed,
-                      study.study_name, storage, front)
+                      study.study_name, storage, front, default)
 
 
 def provenance(result: TuneResult, evaluator_name: str) -> dict:
@@ -417,6 +428,7 @@ def provenance(result: TuneResult, evaluator_name: str) -> dict:
             "trials_complete": result.complete, "trials_failed": result.failed,
             "time_us": round(result.outcome.time_us, 2), "factor": round(result.outcome.factor, 4),
             "orthogonality": round(result.outcome.orthogonality, 4), "params": result.params,
+            "default_time_us": None if result.default is None else round(result.default.time_us, 2),
             "study": result.study_name, "host": platform.node()}
     try:
         info["nvrtc"] = ".".join(map(str, nvrtc_version()))
@@ -435,15 +447,20 @@ def provenance(result: TuneResult, evaluator_name: str) -> dict:
 
 def tune_and_save(problem: Problem, target: Target, trials: int, storage: str | None = None,
                   multi_objective: bool = False, schedule_root: Path | None = None, seed: int = 0,
-                  evaluator=None, log=print, families: tuple[str, ...] = FAMILIES) -> tuple[TuneResult, Path]:
+                  evaluator=None, log=print, families: tuple[str, ...] = FAMILIES,
+                  time_limit: float | None = None) -> tuple[TuneResult, Path]:
     evaluator = evaluator or _default_evaluator(problem, target)
     log(f"searching {trials} trial(s) for {problem.m}x{problem.n}, batch {problem.batch}, {target.arch} "
         f"with {getattr(evaluator, 'name', 'GPU')}")
-    result = tune(problem, target, trials, evaluator, storage, multi_objective, seed, schedule_root, log, families)
+    result = tune(problem, target, trials, evaluator, storage, multi_objective, seed, schedule_root, log, families,
+                  time_limit)
     path = save(result.schedule, problem, target, provenance(result, getattr(evaluator, "name", "GPU")),
                 root=schedule_root)
     log(f"best: {result.outcome.time_us:,.1f} µs, factor {result.outcome.factor:.3g}, orthogonality "
         f"{result.outcome.orthogonality:.3g}: {result.schedule.describe()}")
+    if result.default is not None:  # measured in this study, so in the same run as the best (or an earlier one)
+        log(f"default schedule: {result.default.time_us:,.1f} µs; tuned: {result.outcome.time_us:,.1f} µs "
+            f"({result.default.time_us / result.outcome.time_us:.2f}x)")
     for params, outcome in result.pareto:
         log(f"  Pareto: {outcome.time_us:,.1f} µs, factor {outcome.factor:.3g}: {params}")
     log(f"wrote {path}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU, from the repository root: the GPU test layer, the benchmarks with per-stage
-# profiles, qr against torch and CuPy, and (with TUNE=1) a 50-trial search of every reference and tall shape.
+# profiles, qr against torch and CuPy, and (with TUNE=1) a search of every reference and tall shape: up to 50 trials,
+# no new trial after TUNE_SECONDS (default 90) per shape.
 # Everything it prints also goes to $OUT/log.txt (default ./gpu-out); tuned schedules go to $OUT/schedules.
 # Each step has a time limit, so one slow step does not take the others' time.
 set -uo pipefail
@@ -22,6 +23,7 @@ if [ "${TUNE:-0}" = 1 ]; then
     for case in 20x32x32 40x176x176 40x352x352 640x512x512 60x1024x1024 8x2048x2048 2x4096x4096 \
                 1x4096x4096 1x2048x2048 1x4096x1024 1x8192x512 1x100000x32 1x40000x256; do
         IFS=x read -r batch m n <<<"$case"
-        step 600 python3 -m qrgen tune --shape "${m}x${n}" --batch "$batch" --trials 50 --schedules "$out/schedules"
+        step 600 python3 -m qrgen tune --shape "${m}x${n}" --batch "$batch" --trials 50 \
+            --time-limit "${TUNE_SECONDS:-90}" --schedules "$out/schedules"
     done
 fi

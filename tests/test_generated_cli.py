@@ -75,3 +75,11 @@ class _no_raise:
 def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "qrgen", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "qrgen" in result.stdout
+
+
+def test_tune_command_with_time_limit(tmp_path, capsys):
+    """`qrgen tune` over the cost model: one trial under a zero time limit, the schedule written, default reported."""
+    assert main(["tune", "--shape", "40x24", "--batch", "2", "--cost-model", "--time-limit", "0",
+                 "--schedules", str(tmp_path), "--storage", f"sqlite:///{tmp_path / 's.sqlite3'}"]) == 0
+    out = capsys.readouterr().out
+    assert "time limit" in out and "default schedule:" in out and (tmp_path / "sm_90" / "40x24_b2.json").exists()

@@ -50,6 +50,10 @@ def test_search_runs_resumes_and_writes_provenance(tmp_path):
     assert prov["device"] == "cost model (no GPU)" and prov["trials_complete"] == result.complete >= 1
     assert prov["params"] == result.params and prov["factor"] <= 10
     assert any(line.startswith("[6/6]") for line in lines)
+    # the default schedule is the first trial: its time is reported beside the best, from the same study
+    assert result.default is not None and result.default.time_us >= result.outcome.time_us
+    assert prov["default_time_us"] == round(result.default.time_us, 2)
+    assert any(line.startswith("default schedule:") for line in lines)
     again = tune(problem, target, 4, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
     study = optuna.load_study(study_name=again.study_name, storage=_storage(tmp_path))
     assert len(study.trials) == 10  # the second run resumed the same study
@@ -164,3 +168,11 @@ def test_cost_model_ranks_split_and_cublas_panel_products_as_measured(batch, m, 
     split = estimate(schedule_from_params(problem, {**params, "panel_update": "split"}), problem)
     cublas = estimate(schedule_from_params(problem, {**params, "panel_update": "cublas"}), problem)
     assert (split.gemm_us < cublas.gemm_us) == split_faster, (split, cublas)
+
+
+def test_time_limit_stops_starting_trials(tmp_path):
+    problem = Problem(40, 40, 2)
+    lines = []
+    result = tune(problem, Target(), 20, ModelEvaluator(problem), _storage(tmp_path), log=lines.append, time_limit=0)
+    assert result.complete + result.failed == 1  # the first trial always runs
+    assert any("time limit" in line for line in lines)
