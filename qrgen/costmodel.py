@@ -5,7 +5,7 @@ warp/rows panel kernels (1.7 to 4 µs), the flag exchange of multi-block panels 
 shapes; 2 x 4096² with two blocks of 1024 threads paid about 70, not yet understood), cuBLAS
 trailing-update GEMMs (about half the fp32 rate at rank 32, memory-bound and slower at rank 8 and 16), and the host's
 cost per launch. cuBLAS products with few output tiles run on few SMs when the batch is small (2 x 4096 rows,
-8 x 120 output: 61 µs), the split kernels fill the GPU but compute at about 3 TFLOP/s (scripts/skinny_bench.py).
+8 x 120 output: 61 µs); the split kernels fill the GPU but compute at 2.7 to 5.5 TFLOP/s (scripts/skinny_bench.py).
 The lanes term is fitted to CUDA-graph replays of the second session (a barrier per column
 over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
 (cols measured slower than lanes; not fitted).

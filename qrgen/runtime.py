@@ -493,7 +493,6 @@ class _CupyEngine:
                     self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision)
         self._done(stop)
 
-
     def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
         ptr = self.ptrs
         tiles = -(-cols // 32)

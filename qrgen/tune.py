@@ -2,7 +2,8 @@
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
-column slice), the aggregate size, and the input precision of each trailing-update stage. Points the resource
+column slice), the aggregate size, how the panels' own products run (cuBLAS or the split kernels) and the input
+precision of each trailing-update stage. Points the resource
 model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
 without a GPU the cost model's estimate; the constraint is that a batch of
 every stress family at that shape passes the gates with margin (factor <= 10, orthogonality <= 50), checked on
