@@ -276,6 +276,16 @@ def study_name(problem: Problem, target: Target, device: str) -> str:
     return f"qrgen-{__version__}|{target.arch}|{device}|{problem.m}x{problem.n}|b{problem.batch}"
 
 
+def _variations(problem: Problem) -> list[dict]:
+    """Points near the default worth measuring early: with aggregates, their products (long sums, many columns) in
+    tf32 while the panels' own products stay fp32 (split). The NumPy reference with tf32 rounding gave worst
+    factors 9.1 at 1024² and 4.9 at 2048² over the stress families (gate 20, tuning margin 10), BENCHMARKS.md."""
+    params = default_params(problem)
+    if not params["aggregate"] or problem.k < 2048:
+        return []
+    return [{**params, "project": "tf32", "update": "tf32", "panel_update": "split"}]
+
+
 def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> list[dict]:
     """Parameters of tuned schedules of the same shape (other batches), then the nearest shapes, as warm starts."""
     folder = Path(root or SCHEDULE_DIR) / target.arch
@@ -315,6 +325,8 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
                                 load_if_exists=True)
     if all(t.state == optuna.trial.TrialState.WAITING for t in study.trials):  # a new study: warm starts
         study.enqueue_trial(default_params(problem), skip_if_exists=True)
+        for params in _variations(problem):
+            study.enqueue_trial(params, skip_if_exists=True)
         for params in _neighbour_params(problem, target, schedule_root):
             if params.get("family") in families:
                 study.enqueue_trial(params, skip_if_exists=True)

@@ -176,3 +176,14 @@ def test_time_limit_stops_starting_trials(tmp_path):
     result = tune(problem, Target(), 20, ModelEvaluator(problem), _storage(tmp_path), log=lines.append, time_limit=0)
     assert result.complete + result.failed == 1  # the first trial always runs
     assert any("time limit" in line for line in lines)
+
+
+def test_tf32_aggregates_are_an_early_trial(tmp_path):
+    """From 2048 columns with aggregates, the second trial is the default with tf32 aggregate products."""
+    problem = Problem(2048, 2048, 8)
+    result = tune(problem, Target(), 2, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
+    study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
+    second = study.trials[1].params
+    assert second["project"] == second["update"] == "tf32" and second["panel_update"] == "split"
+    assert {k: v for k, v in second.items() if k not in ("project", "update")} == {
+        k: v for k, v in default_params(problem).items() if k not in ("project", "update")}
