@@ -1,25 +1,28 @@
 """Run on the GPU machine: a panel's own trailing update (W = Z^T C, C -= V W) through cuBLAS against the
-generated skinny kernels (templates/cuda/split.cu.j2), for the panel shapes of the large schedules; and where
+generated split kernels (templates/cuda/split.cu.j2), for the panel shapes of the large schedules; and where
 the GPU time of a large factorization goes per launch kind (Factorizer.profile)."""
 import sys
 
 import cupy
 import numpy as np
 
-from qrgen import __version__, codegen, cublas
+from qrgen import codegen, cublas
 from qrgen.compile import compile_many
+from qrgen.runtime import split_rows
 
 REPS = 20
 
 
 def kernels(width):
-    src = codegen.environment().get_template("cuda/split.cu.j2").render(
-        version=__version__, arch="sm_90", width=width, warps=8, tile=64, threads=256,
-        project=f"qr_project_w{width}", update=f"qr_update_w{width}")
-    (b,) = compile_many([(f"qr_skinny_w{width}", src)], "sm_90")
-    mod = cupy.cuda.function.Module()
-    mod.load(b.cubin)
-    return mod, mod.get_function(f"qr_project_w{width}"), mod.get_function(f"qr_update_w{width}")
+    """The pipeline's split kernels for panels of `width` columns (rendered and compiled as qrgen does)."""
+    funcs = []
+    for kind in ("project", "update"):
+        rendered = codegen.render_split(codegen.split_kernel(kind, width), "sm_90")
+        (b,) = compile_many([(rendered.name, rendered.source)], "sm_90")
+        mod = cupy.cuda.function.Module()
+        mod.load(b.cubin)
+        funcs.append((mod, mod.get_function(rendered.name)))
+    return funcs
 
 
 def graph_us(fn):
@@ -42,27 +45,24 @@ def graph_us(fn):
     return float(np.median(times))
 
 
-def case(nb, rows, width, nc, ldc, target_blocks=264):
+def case(nb, rows, width, nc, ldc):
     rng = cupy.random.default_rng(0)
     zt = rng.standard_normal((nb, width, rows), dtype=cupy.float32)
     vt = rng.standard_normal((nb, width, rows), dtype=cupy.float32)
     c = rng.standard_normal((nb, rows, ldc), dtype=cupy.float32)
     w = cupy.zeros((nb, width, nc), dtype=cupy.float32)
     tiles = -(-nc // 32)
-    splits = max(1, min(-(-rows // 64), target_blocks // (nb * tiles)))
-    chunk = -(-rows // splits)
-    chunk = -(-chunk // 64) * 64
-    splits = -(-rows // chunk)
+    splits, chunk = split_rows(rows, nc, nb, cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"])
     part = cupy.empty((nb, splits * width * nc), dtype=cupy.float32)
     counters = cupy.zeros((nb * tiles,), dtype=cupy.uint32)
-    _, project, update = kernels(width)
+    (_, project), (_, update) = kernels(width)
     dev = cupy.cuda.Device().id
 
     def custom():
-        project((tiles, splits, nb), (256,), (zt, np.int32(rows), np.int64(width * rows), c, np.int32(ldc),
+        project((tiles, splits, nb), (codegen.SPLIT_THREADS,), (zt, np.int32(rows), np.int64(width * rows), c, np.int32(ldc),
                 np.int64(rows * ldc), part, np.int64(splits * width * nc), w, np.int32(nc), np.int64(width * nc),
                 counters, np.int32(rows), np.int32(nc), np.int32(chunk)))
-        update((tiles, -(-rows // 64), nb), (256,), (vt, np.int32(rows), np.int64(width * rows), w, np.int32(nc),
+        update((tiles, -(-rows // codegen.SPLIT_TILE), nb), (codegen.SPLIT_THREADS,), (vt, np.int32(rows), np.int64(width * rows), w, np.int32(nc),
                np.int64(width * nc), c, np.int32(ldc), np.int64(rows * ldc), np.int32(rows), np.int32(nc)))
 
     def blas():
@@ -109,7 +109,7 @@ def breakdown(batch, n):
 
 
 if __name__ == "__main__":
-    print("| batch | rows | width | nc | splits | cuBLAS µs | skinny µs | speed-up | W err | C err | rest kept |")
+    print("| batch | rows | width | nc | splits | cuBLAS µs | split µs | speed-up | W err | C err | rest kept |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for nb, rows, width, nc, ldc in [(2, 4096, 8, 120, 4096), (2, 3000, 8, 56, 4096), (2, 1800, 16, 112, 4096),
                                      (2, 900, 32, 96, 4096), (8, 2048, 16, 112, 2048), (8, 1500, 32, 96, 2048),
