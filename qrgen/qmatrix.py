@@ -25,19 +25,20 @@ def array_module(x):
 
 
 def _matmul(xp, a, b):
-    """Batched a @ b; on the GPU through qrgen.cublas (capturable in a CUDA graph, unlike cupy.matmul)."""
-    if xp is np:
-        return np.matmul(a, b)
+    """Batched a @ b; on the GPU in float32 through qrgen.cublas (capturable in a CUDA graph, unlike
+    cupy.matmul); other precisions (the float64 check) through the array module."""
+    if xp is np or a.dtype != xp.float32:
+        return xp.matmul(a, b)
     from .cublas import matmul
 
     return matmul(a, b)
 
 
 def _tmatrix(xp, gram, tau):
-    if xp is np:
+    if xp is np or tau.dtype != xp.float32:
         from .reference import _tmatrix as tmatrix
 
-        return tmatrix(gram, tau)
+        return tmatrix(gram, tau, xp)
     from .runtime import tmatrix_gpu
 
     return tmatrix_gpu(gram, tau)

@@ -60,14 +60,15 @@ def _panel(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tau, v
 
 
-def _tmatrix(gram: np.ndarray, tau: np.ndarray) -> np.ndarray:
-    """T with H_0 ... H_{w-1} = I - V T V^T from G = V^T V and tau (LAPACK slarft, forward, columnwise)."""
+def _tmatrix(gram, tau, xp=np):
+    """T with H_0 ... H_{w-1} = I - V T V^T from G = V^T V and tau (LAPACK slarft, forward, columnwise); NumPy
+    arrays, or those of the array module xp (CuPy, for the float64 check on the GPU)."""
     batch, w = tau.shape
-    t = np.zeros((batch, w, w), dtype=tau.dtype)
+    t = xp.zeros((batch, w, w), dtype=tau.dtype)
     for j in range(w):
         t[:, j, j] = tau[:, j]
         if j:
-            t[:, :j, j] = -tau[:, j, None] * np.einsum("bik,bk->bi", t[:, :j, :j], gram[:, :j, j])
+            t[:, :j, j] = -tau[:, j, None] * xp.matmul(t[:, :j, :j], gram[:, :j, j, None])[:, :, 0]
     return t
 
 

@@ -73,3 +73,25 @@ def test_float32_algorithm_is_scale_invariant(scale):
     with np.errstate(all="ignore"):
         h, tau = reference.geqrf(a, dtype=np.float32)
     assert check(a, h, tau).ok
+
+
+@pytest.mark.parametrize("m,n", [(40, 40), (70, 33), (33, 70), (300, 150)])
+def test_batched_residuals_match_lapack(m, n):
+    """check(device="gpu") runs qrgen.check.residuals on CuPy arrays; here the same code on NumPy arrays gives
+    LAPACK's numbers for every stress family, a NaN matrix and a wrong factorization."""
+    from qrgen.check import residuals
+
+    a = np.concatenate([stress(family, m, n, 1, seed=m + n) for family in FAMILIES])
+    h, tau = reference.geqrf(a, dtype=np.float32)
+    h, tau = h.copy(), tau.copy()
+    h[1, 0, 1] += 1.0  # a wrong R entry
+    h[2, m - 1, 0] = np.nan
+    lapack_result = check(a, h, tau, device="cpu")
+    factor, orth = residuals(np, a.astype(np.float64), h.astype(np.float64), tau.astype(np.float64))
+    for ours, theirs in [(factor, lapack_result.factor), (orth, lapack_result.orthogonality)]:
+        assert np.isnan(ours[2]) and np.isnan(theirs[2])
+        keep = np.arange(len(a)) != 2
+        np.testing.assert_allclose(ours[keep], theirs[keep], rtol=1e-6, atol=1e-6)
+    assert factor[1] > 20 and lapack_result.factor[1] > 20
+    with pytest.raises(ValueError, match="device"):
+        check(a, h, tau, device="tpu")

@@ -284,3 +284,17 @@ def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():
 
         factor, orth = _q_gates(second, q.get(), r.get())
         assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())
+
+
+def test_check_on_the_gpu_matches_lapack():
+    """check() runs in float64 on the GPU where h is a CuPy array; it must give LAPACK's numbers on the host."""
+    import cupy
+
+    for m, n in [(64, 48), (300, 200), (100, 257)]:
+        a, _ = mixed(m, n, len(FAMILIES), seed=m)
+        h, tau = qrgen.geqrf(cupy.asarray(a))
+        h[1, 0, 1] += 1.0  # one wrong factorization
+        gpu, cpu = check(a, h, tau, device="gpu"), check(a, h, tau, device="cpu")
+        np.testing.assert_allclose(gpu.factor, cpu.factor, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(gpu.orthogonality, cpu.orthogonality, rtol=1e-6, atol=1e-6)
+        assert not gpu.passed[1] and gpu.passed[np.arange(len(a)) != 1].all()
