@@ -75,6 +75,13 @@ SPLIT_THREADS = 256
 SPLIT_TILE = 64
 TMAT_KERNEL = "qr_tmat"
 TMAT_THREADS = 256  # one thread per reflector: blocks and aggregates of up to 256 columns (schedule.MAX_AGGREGATE)
+TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared memory (templates/cuda/tmat.cuh.j2)
+
+
+def tmat_shared_bytes(a: int) -> int:
+    """Dynamic shared memory of the T kernel for `a` reflectors: T (rows padded by one float), then G's 32 x 32
+    diagonal blocks, later X (a x 32)."""
+    return 4 * (a * (a + 1) + 1024 * -(-a // 32)) if a <= TMAT_BLOCKED_MAX else 0
 
 
 @dataclass(frozen=True)
@@ -178,8 +185,9 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
     if kernel.variant in ("project", "update"):
         return render_split(kernel, arch)
-    name = "cuda/tmat.cu.j2" if kernel.variant == "tmat" else BACKENDS[backend]["template"]
-    template = environment().get_template(name)
+    if kernel.variant == "tmat":
+        return render_tmat(arch)
+    template = environment().get_template(BACKENDS[backend]["template"])
     source = template.render(
         version=__version__,
         m=schedule.m,
@@ -194,7 +202,8 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
 
 def tmat_kernel() -> KernelSpec:
     """The T kernel, the same for every schedule (aggregates, and Q's blocks in qrgen.qmatrix)."""
-    return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, 0, ())
+    return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, tmat_shared_bytes(TMAT_BLOCKED_MAX),
+                      ())
 
 
 def split_kernel(kind: str, width: int) -> KernelSpec:
@@ -213,7 +222,8 @@ def render_split(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
 
 def render_tmat(arch: str = "sm_90") -> Rendered:
     template = environment().get_template("cuda/tmat.cu.j2")
-    return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel()))
+    return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel(),
+                                                 blocked_max=TMAT_BLOCKED_MAX))
 
 
 def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda") -> list[Rendered]:

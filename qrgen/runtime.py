@@ -476,7 +476,7 @@ class _CupyEngine:
         stop = self._mark("tmat", None)
         func((self.nb,), (32 * -(-a // 32),),
              (self.ws.buffers["g"], np.uint64(self.tau.data.ptr + 4 * agg.a0), self.ws.buffers["t"], np.int32(a),
-              np.int64(self.sizes.g), np.int32(self.fac.k)))
+              np.int64(self.sizes.g), np.int32(self.fac.k)), shared_mem=codegen.tmat_shared_bytes(a))
         self._done(stop)
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
@@ -548,13 +548,17 @@ def tmatrix_gpu(gram, tau):
         (binary,) = compile_many([(rendered.name, rendered.source)], device_arch(device))
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
-        _TMAT_FUNCTIONS[device] = (module, module.get_function(binary.name))
+        func = module.get_function(binary.name)
+        cupy.cuda.driver.funcSetAttribute(func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          codegen.tmat_kernel().shared_bytes)
+        _TMAT_FUNCTIONS[device] = (module, func)
     _, func = _TMAT_FUNCTIONS[device]
     g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
     if batch and w:
-        func((batch,), (32 * -(-w // 32),), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)))
+        func((batch,), (32 * -(-w // 32),), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)),
+             shared_mem=codegen.tmat_shared_bytes(w))
     return t
 
 
