@@ -35,6 +35,7 @@ class KernelSpec:
     slice: int  # columns per warp (cols), 0 otherwise
     shared_bytes: int  # dynamic shared memory (cols), 0 otherwise
     columns: tuple[int, ...]  # first columns of the panels that use it
+    cluster: bool = False  # the blocks of a matrix form one thread-block cluster
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Launch:
     v_row: int  # the panel's first row (and column) inside its aggregate's V^T buffer
     v_ld: int  # rows of that buffer (its leading dimension)
     v_bs: int  # floats per matrix in that buffer
+    cluster: bool = False  # blocks > 1 as one cluster: no flags, no cooperative launch
 
 
 @dataclass(frozen=True)
@@ -149,12 +151,15 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
             slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
             vec = _vec(schedule.n, c0, panel.width)
             shared = 0
-        key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, vec, trail, panel.slice, shared)
+        key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, vec, trail, panel.slice, shared,
+               panel.cluster)
         keys.setdefault(key, []).append(c0)
+        # flag arrivals per block (multi-block panels without a cluster): one per column, one more for G
+        barriers = 0 if panel.cluster else panel.width + (1 if panel.width >= 2 and trail else 0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
-                               blocks=panel.blocks, barriers=panel.width + (1 if panel.width >= 2 and trail else 0),
-                               trail=trail, shared_bytes=shared, nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs))
-    kernels = [KernelSpec(_name(key), *key, columns=tuple(cols)) for key, cols in keys.items()]
+                               blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=shared, nc=nc,
+                               v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster))
+    kernels = [KernelSpec(_name(key), *key[:-1], columns=tuple(cols), cluster=key[-1]) for key, cols in keys.items()]
     if schedule.panel_update == "split":
         widths = sorted({L.width for L in launches if L.nc > 0})
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
@@ -171,13 +176,13 @@ def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:
 
 
 def _name(key: tuple) -> str:
-    variant, width, threads, blocks, slots, vec, trail, slice_, _ = key
+    variant, width, threads, blocks, slots, vec, trail, slice_, _, cluster = key
     trail = "_trail" if trail else ""
     if variant == "cols":
         return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{trail}"
     if variant == "lanes":
         return f"qr_lanes_w{width}_t{threads}_s{slots}{trail}"
-    return f"qr_{variant}_w{width}_t{threads}_b{blocks}_s{slots}_v{vec}{trail}"
+    return f"qr_{variant}_w{width}_t{threads}_{'c' if cluster else 'b'}{blocks}_s{slots}_v{vec}{trail}"
 
 
 def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend: str = "cuda") -> Rendered:

@@ -27,6 +27,7 @@ RATE = {"fp32": 25e12, "tf32": 200e12, "bf16": 350e12, "fp16": 350e12}  # FLOP/s
 HOST_US_PER_LAUNCH = 10.0
 GEMM_FIXED_US = 8.0
 MULTI_BLOCK_US_PER_COLUMN = 10.0
+CLUSTER_US_PER_COLUMN = 1.0  # a guess, not measured yet: a cluster barrier and reads of the other blocks' partials
 # FLOP/s of the split kernels: 5.5e12 measured where they split the rows (8 x 2048 rows, 16 x 112), 2.7e12 where
 # the batch alone fills the GPU and each block walks long row ranges (60 x 1024 rows, 32 x 96)
 SPLIT_RATE = {True: 5.5e12, False: 2.7e12}
@@ -84,7 +85,7 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
         waves = max(1.0, batch * L.blocks / (SMS * _blocks_per_sm(L.threads, res.registers)))
         per_column = _column_us(panel.variant, L.threads, res.slots, L.width, panel.slice)
         if L.blocks > 1:
-            per_column += MULTI_BLOCK_US_PER_COLUMN
+            per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN
         panel_us += L.width * per_column * waves
         n_launches += 1
         if L.nc > 0 and schedule.panel_update == "split":

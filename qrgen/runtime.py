@@ -355,7 +355,7 @@ class _Workspace:
         funcs = fac._load(device_id)
         self.chunk = batch
         for launch in fac.launches:
-            if launch.blocks > 1:
+            if launch.blocks > 1 and not launch.cluster:  # cooperative: every block of the chunk resident
                 _, func = funcs[launch.kernel]
                 per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
@@ -374,7 +374,7 @@ class _Workspace:
         max_blocks = max(L.blocks for L in fac.launches)
         self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
-        self.multi_block = max_blocks > 1
+        self.multi_block = any(L.blocks > 1 and not L.cluster for L in fac.launches)  # flags to clear per call
         self.ptrs = {name: b.data.ptr for name, b in self.buffers.items()}
         self.strides = {"h": fac.m * fac.n, "vt": self.sizes.vt, "zt": self.sizes.zt, "w": self.sizes.w,
                         "g": self.sizes.g, "t": self.sizes.g, "zg": self.sizes.zg}
@@ -460,7 +460,7 @@ class _CupyEngine:
             args.set(1, self.h_ptr)
             args.set(2, self.tau_ptr)
         driver = self.cupy.cuda.driver
-        if L.blocks > 1:  # the blocks of a matrix wait for each other: all must be resident
+        if L.blocks > 1 and not L.cluster:  # the blocks of a matrix wait for each other: all must be resident
             driver.launchCooperativeKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
                                            self.stream_ptr, args.address)
         else:

@@ -19,6 +19,7 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
+MAX_CLUSTER = 8  # blocks in a portable thread-block cluster (sm_90)
 PANEL_UPDATES = ("cublas", "split")
 
 # sm_90 budgets (per block): the compiler's register cap comes from __launch_bounds__(threads, 1).
@@ -40,7 +41,9 @@ class Panel:
 
     variant "warp": one warp per matrix, the panel's rows spread over its lanes, all columns in registers.
     variant "rows": `threads` threads in each of `blocks` blocks per matrix share the rows; each thread holds
-                    its rows' columns in registers; blocks > 1 exchange partial sums through global memory.
+                    its rows' columns in registers; blocks > 1 exchange partial sums through global memory, or
+                    with cluster=True (2 to 8 blocks) through each other's shared memory as one thread-block
+                    cluster (a hardware barrier per column instead of flags in global memory).
     variant "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
                     turn as producer of those reflectors (published to shared memory, one mbarrier each).
     variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
@@ -52,6 +55,7 @@ class Panel:
     threads: int = 32
     blocks: int = 1
     slice: int = 0
+    cluster: bool = False
 
     def __post_init__(self):
         if not isinstance(self.width, int) or self.width < 1:
@@ -83,6 +87,11 @@ class Panel:
                     f"(at most 1024) for variant 'cols', got {self.threads}")
         elif self.slice != 0:
             raise ValueError(f"Panel.slice applies to variant 'cols' only; got slice={self.slice} for {self.variant!r}")
+        if not isinstance(self.cluster, bool):
+            raise ValueError(f"Panel.cluster must be a bool, got {self.cluster!r}")
+        if self.cluster and (self.variant != "rows" or not 2 <= self.blocks <= MAX_CLUSTER):
+            raise ValueError(f"Panel.cluster takes variant 'rows' with 2 to {MAX_CLUSTER} blocks; got variant "
+                             f"{self.variant!r} with {self.blocks} block(s)")
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ class Schedule:
         elif panel.variant == "lanes":
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
         else:
-            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64)
+            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64 + (128 if panel.cluster else 0))
         return PanelResources(rows, slots, regs, cap, smem)
 
     def panel_gram(self, index: int) -> str:
@@ -210,14 +219,14 @@ class Schedule:
     def describe(self) -> str:
         groups: list[list] = []
         for p in self.panels:
-            key = (p.width, p.variant, p.threads, p.blocks, p.slice)
+            key = (p.width, p.variant, p.threads, p.blocks, p.slice, p.cluster)
             if groups and groups[-1][0] == key:
                 groups[-1][1] += 1
             else:
                 groups.append([key, 1])
         parts = []
-        for (w, v, t, b, s), count in groups:
-            extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" if b > 1 else "")
+        for (w, v, t, b, s, c), count in groups:
+            extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else "")
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
         prec = self.precision
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
@@ -229,6 +238,8 @@ def _panel_json(p: Panel) -> dict:
     data = asdict(p)
     if p.variant != "cols":
         data.pop("slice")
+    if not p.cluster:
+        data.pop("cluster")
     return data
 
 
@@ -300,6 +311,18 @@ def _multi_block_panel(rows: int, width: int) -> Panel:
         if _fits(rows, panel):
             return panel
     raise ValueError(f"no panel kernel fits {rows} rows")  # pragma: no cover
+
+
+def cluster_panel(rows: int, width: int, blocks: int) -> Panel | None:
+    """A rows panel over a cluster of `blocks` blocks: the fewest threads per block that hold `rows` x `width` with
+    at most four rows per thread (more where registers demand), or None."""
+    for threads in THREADS[1:]:
+        if math.ceil(math.ceil(rows / blocks) / threads) > 4 and threads < 1024:
+            continue
+        panel = Panel(width, "rows", threads, blocks, cluster=True)
+        if _fits(rows, panel):
+            return panel
+    return None
 
 
 def lanes_panel(rows: int, width: int, slots: int | str = "auto") -> Panel | None:

@@ -2,7 +2,8 @@
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
-column slice), the aggregate size, how the panels' own products run (cuBLAS or the split kernels) and the input
+column slice; rows panels on one block or on a cluster of 2 to 8 blocks), the aggregate size, how the panels' own
+products run (cuBLAS or the split kernels) and the input
 precision of each trailing-update stage. Points the resource
 model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
 without a GPU the cost model's estimate; the constraint is that a batch of
@@ -27,11 +28,12 @@ from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (LANES_MAX_BATCH, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule,
-                       default_aggregate, default_panel_update,
-                       default_panel, lanes_panel, load, save)
+                       cluster_panel, default_aggregate, default_panel, default_panel_update, lanes_panel, load,
+                       save)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
+CLUSTERS = (0, 2, 4, 8)  # rows panels: 0 one block per matrix (or flag-exchanging blocks where one cannot hold it)
 LANES_SLOTS = ("auto", 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
 COLS_SLICES = (2, 4, 8)
@@ -43,8 +45,8 @@ FAMILIES = ("rows", "lanes")
 ALL_FAMILIES = ("rows", "cols", "lanes")
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
-DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "aggregate": 0, "gram": "fp32",
-                  "project": "fp32", "update": "fp32", "panel_update": "cublas"}
+DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster": 0, "aggregate": 0,
+                  "gram": "fp32", "project": "fp32", "update": "fp32", "panel_update": "cublas"}
 
 
 def default_params(problem: Problem) -> dict:
@@ -53,7 +55,7 @@ def default_params(problem: Problem) -> dict:
     params = {**DEFAULT_PARAMS, "aggregate": aggregate, "panel_update": default_panel_update(problem, aggregate)}
     if problem.batch <= LANES_MAX_BATCH:
         params.update(family="lanes", lanes_head=32, lane_slots="auto")
-        del params["rows_head"]
+        del params["rows_head"], params["cluster"]
     return params
 
 
@@ -102,7 +104,10 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         # No panel straddles an aggregate: the columns left before the next boundary bound its width.
         end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
         rows, remaining = problem.m - col, end - col
-        if family == "rows":
+        if family == "rows" and params.get("cluster", 0):  # a cluster of blocks per panel, where registers allow
+            width = min(32 if params[f"rows_{phase}"] == "auto" else params[f"rows_{phase}"], remaining)
+            panel = cluster_panel(rows, width, params["cluster"]) or default_panel(rows, remaining)
+        elif family == "rows":
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
         elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
@@ -134,6 +139,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
             params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
     if params["family"] == "cols":
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
+    if params["family"] == "rows":
+        params["cluster"] = trial.suggest_categorical("cluster", CLUSTERS)
     if params["family"] == "lanes":
         params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)

@@ -196,3 +196,18 @@ def test_lanes_panels_and_gram_precision():
         Panel(32, "lanes", 48)
     with pytest.raises(ValueError, match="registers"):
         Schedule(2000, 32, (Panel(32, "lanes", 1024),))
+
+
+@needs_nvrtc
+def test_cluster_panel_kernels_compile_without_spills(tmp_path, monkeypatch):
+    from qrgen.schedule import cluster_panel
+
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    panels, col = [], 0
+    while col < 96:
+        panels.append(cluster_panel(8192 - col, 32, 8) if col < 64 else cluster_panel(8192 - col, 16, 4))
+        col += panels[-1].width
+    schedule = Schedule(8192, 96, tuple(panels))
+    items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
+    for binary in qcompile.compile_many(items, "sm_90"):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name

@@ -298,3 +298,27 @@ def test_check_on_the_gpu_matches_lapack():
         np.testing.assert_allclose(gpu.factor, cpu.factor, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(gpu.orthogonality, cpu.orthogonality, rtol=1e-6, atol=1e-6)
         assert not gpu.passed[1] and gpu.passed[np.arange(len(a)) != 1].all()
+
+
+@pytest.mark.parametrize("m,n,blocks,aggregate,batch", [(8192, 64, 8, 0, 1), (2000, 300, 4, 128, 2),
+                                                        (1024, 1024, 8, 128, 2), (600, 600, 2, 0, 3)])
+def test_cluster_panels_every_family(m, n, blocks, aggregate, batch):
+    """Rows panels on a thread-block cluster (partial sums through the blocks' shared memory)."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Schedule, cluster_panel, default_panel
+
+    k = min(m, n)
+    panels, col = [], 0
+    while col < k:
+        end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
+        panels.append(cluster_panel(m - col, min(32, end - col), blocks) or default_panel(m - col, end - col))
+        col += panels[-1].width
+    schedule = Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update="split" if aggregate else "cublas")
+    assert any(p.cluster for p in schedule.panels)
+    fac = Factorizer(m, n, schedule, "sm_90")
+    for family in FAMILIES:
+        a = stress(family, m, n, batch, seed=blocks)
+        h, tau = fac(cupy.asarray(a))
+        assert check(a, h, tau).ok, f"{family} {schedule.describe()}"

@@ -79,3 +79,26 @@ def test_unknown_json_field():
     data["panels"][0]["colour"] = "red"
     with pytest.raises(ValueError, match="unknown or missing field"):
         Schedule.from_json(data)
+
+
+def test_cluster_panels():
+    """Rows panels on a cluster of 2 to 8 blocks: validated, named apart, no flags or cooperative launch."""
+    from qrgen import codegen
+    from qrgen.schedule import cluster_panel
+
+    panel = cluster_panel(8192, 32, 8)
+    assert panel.cluster and panel.blocks == 8 and panel.variant == "rows"
+    assert cluster_panel(8192, 32, 8) != Panel(32, "rows", panel.threads, 8)
+    for kwargs in ({"variant": "warp", "threads": 32, "blocks": 1}, {"blocks": 1}, {"blocks": 16},
+                   {"cluster": 1}):
+        with pytest.raises(ValueError, match="Panel.cluster"):
+            Panel(32, **{"variant": "rows", "threads": 128, "blocks": 2, "cluster": True, **kwargs})
+    schedule = Schedule(8192, 64, (panel, cluster_panel(8192 - 32, 32, 8)))
+    assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
+    assert "cluster" not in default_schedule(Problem(64, 64, 3)).to_json()["panels"][0]
+    assert "(cluster)" in schedule.describe()
+    kernels, launches = codegen.plan(schedule)
+    assert all(k.cluster and "_c8_" in k.name for k in kernels)
+    assert all(L.cluster and L.barriers == 0 for L in launches)  # no flag arrivals: the epoch does not move
+    source = codegen.render(schedule, kernels[0]).source
+    assert "__cluster_dims__(8, 1, 1)" in source and "cluster_sync();" in source

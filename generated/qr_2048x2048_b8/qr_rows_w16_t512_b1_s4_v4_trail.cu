@@ -103,7 +103,22 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL>
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float load_peer(const float* p, unsigned rank) {
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
+          bool CLUSTER>
 struct RowsPanel {
   static constexpr int WARPS = THREADS / 32;
   static constexpr int RB = SLOTS * THREADS;  // rows per block
@@ -117,6 +132,7 @@ struct RowsPanel {
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
+    float xs[CLUSTER ? 2 : 1][CLUSTER ? XCH : 1];  // this block's partial sums (and block 0's pivot row), by parity
   };
 
   Shared& sm;
@@ -159,7 +175,21 @@ struct RowsPanel {
       }
       __syncthreads();
     }
-    if constexpr (BLOCKS > 1) {
+    if constexpr (BLOCKS > 1 && CLUSTER) {
+      
+      float* mine = sm.xs[J & 1];
+      if (t < NV) mine[t] = sm.tot[t];
+      if (g == 0 && t < ND) mine[32 + t] = sm.piv[J + t];
+      cluster_sync();
+      if (t < NV) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int q = 0; q < BLOCKS; ++q) acc += load_peer(mine + t, q);
+        sm.tot[t] = acc;
+      }
+      if (t < ND) sm.piv[J + t] = load_peer(mine + 32 + t, 0);
+      __syncthreads();
+    } else if constexpr (BLOCKS > 1) {
       
       float* slot = xch + ((size_t)(b * 2 + (J & 1)) * BLOCKS) * XCH;
       if (t < NV) slot[g * XCH + t] = sm.tot[t];
@@ -267,6 +297,7 @@ struct RowsPanel {
       }
     }
     steps<0>();
+    if constexpr (BLOCKS > 1 && CLUSTER) cluster_sync();  // no block leaves while another reads its shared memory
 
     if constexpr (TRAIL) {
       // T of the compact WY form, H_0 ... H_{NB-1} = I - V T V^T (LAPACK slarft, forward, columnwise):
@@ -311,12 +342,13 @@ struct RowsPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL>
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
+          bool CLUSTER>
 __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt,
                                            float* __restrict__ zt, float* __restrict__ xch,
                                            unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld,
                                            long long vbs) {
-  using P = RowsPanel<M, N, K, SLOTS, NB, THREADS, BLOCKS, VEC, GRAM, TRAIL>;
+  using P = RowsPanel<M, N, K, SLOTS, NB, THREADS, BLOCKS, VEC, GRAM, TRAIL, CLUSTER>;
   __shared__ typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
@@ -328,6 +360,6 @@ __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(512, 1)
 qr_rows_w16_t512_b1_s4_v4_trail(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
-  panel_rows<2048, 2048, 2048, 4, 16, 512, 1, 4, 0, true>(
+  panel_rows<2048, 2048, 2048, 4, 16, 512, 1, 4, 0, true, false>(
       src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs);
 }
