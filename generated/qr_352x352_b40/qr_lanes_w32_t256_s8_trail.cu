@@ -165,14 +165,14 @@ struct LanesPanel {
     const bool right = lane > j && lane < NB;
     const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;  // (v_j . column) tau, for columns right of j
     const float ws = w * f.scale;
+    // Selects, not branches: every slot's three cases (below, at, above row j) in straight-line code.
+    const float at = me ? f.beta : (right ? pv - w : 0.0f);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s;
-      if (r > j) {
-        x[s] = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
-      } else if (r == j) {
-        x[s] = me ? f.beta : (right ? pv - w : x[s]);
-      }
+      const float below = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
+      const float here = (me || right) ? at : x[s];
+      x[s] = r > j ? below : (r == j ? here : x[s]);
     }
   }
 
