@@ -8,7 +8,11 @@ base point; "rows" alone is that point), e.g.
     aggregate=128                                  default panels inside aggregates of 128 columns
     rows_head=16/aggregate=256/project=tf32/update=tf32
     family=cols/cols_head=96/slice=4
+
+The gates are checked on a mixed batch of HOSTILE matrices (environment; default min(batch, 10), or 2 above 1024²);
+from len(qrgen.testing.FAMILIES) on, every family is in it.
 """
+import os
 import sys
 
 import cupy
@@ -36,7 +40,8 @@ def main():
     reps = 10
     rng = np.random.default_rng(0)
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
-    hostile, _ = mixed(m, n, min(batch, 10 if m * n <= 1 << 20 else 2), seed=1)
+    count = int(os.environ.get("HOSTILE", 0)) or min(batch, 10 if m * n <= 1 << 20 else 2)
+    hostile, _ = mixed(m, n, count, seed=1)
     problem = Problem(m, n, batch)
     for text in ["default"] + sys.argv[2:]:
         try:
