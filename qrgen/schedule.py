@@ -357,8 +357,13 @@ def _fits(rows: int, panel: Panel) -> bool:
     return regs <= cap
 
 
-def default_precision(problem: Problem) -> Precision:
-    """fp32 everywhere: the heuristic does not guess where lower precision keeps the gates; the tuner measures."""
+def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:
+    """fp32 everywhere, except the aggregates' products (long sums over many columns) in tf32 from TF32_FROM
+    columns where the panels' own products stay fp32 (split). Measured on the H200 over a mixed batch of every
+    stress family (BENCHMARKS.md, 2026-11-30): worst factor 4.66 at 8 x 2048² and 2.29 at 2 x 4096² (gate 20,
+    tuning margin 10); graph replay 11.07 -> 9.62 ms and 25.8 -> 21.9 ms."""
+    if aggregate and panel_update == "split" and problem.k >= TF32_FROM:
+        return Precision(project="tf32", update="tf32")
     return Precision()
 
 
@@ -385,6 +390,9 @@ SPLIT_BATCHES = (2, 8)
 LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
+DEFAULT_CLUSTER = 8
+CLUSTER_FROM = 2048  # rows from which a single matrix's default panels run on clusters (default_cluster)
+TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 by default (default_precision)
 
 
 def default_aggregate(problem: Problem) -> int:
@@ -399,17 +407,28 @@ def default_panel_update(problem: Problem, aggregate: int) -> str:
     return "split" if aggregate and SPLIT_BATCHES[0] <= problem.batch <= SPLIT_BATCHES[1] else "cublas"
 
 
+def default_cluster(problem: Problem) -> int:
+    """Blocks per cluster of the default's rows panels (0: none). One matrix leaves all but a few SMs idle; a
+    cluster of 8 blocks per panel (no aggregates) measured on the H200, graph replay: 1 x 8192x512 4.54 -> 2.18 ms,
+    1 x 4096x1024 5.87 -> 3.99, 1 x 2048² 6.82 -> 6.40 (BENCHMARKS.md, 2026-11-30). Where the rows are too many
+    for a cluster's registers, the default's multi-block panels."""
+    return DEFAULT_CLUSTER if problem.batch == 1 and problem.m >= CLUSTER_FROM else 0
+
+
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
-    aggregate = default_aggregate(problem)
-    lanes = problem.batch <= LANES_MAX_BATCH
+    cluster = default_cluster(problem)
+    aggregate = 0 if cluster else default_aggregate(problem)
+    lanes = problem.batch <= LANES_MAX_BATCH and not cluster
     panels: list[Panel] = []
     col = 0
     while col < problem.k:
         end = problem.k if not aggregate else min(problem.k, (col // aggregate + 1) * aggregate)
         rows = problem.m - col
-        panel = lanes_panel(rows, min(32, end - col), "auto") if lanes else None
+        panel = cluster_panel(rows, min(32, end - col), cluster) if cluster else None
+        panel = panel or (lanes_panel(rows, min(32, end - col), "auto") if lanes else None)
         panel = panel or default_panel(rows, end - col)
         panels.append(panel)
         col += panel.width
-    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem), aggregate,
-                    default_panel_update(problem, aggregate))
+    update = default_panel_update(problem, aggregate)
+    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem, aggregate, update), aggregate,
+                    update)

@@ -28,8 +28,8 @@ from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (LANES_MAX_BATCH, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule,
-                       cluster_panel, default_aggregate, default_panel, default_panel_update, lanes_panel, load,
-                       save)
+                       STAGES, cluster_panel, default_aggregate, default_cluster, default_panel, default_panel_update,
+                       default_precision, lanes_panel, load, save)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -49,11 +49,16 @@ DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster"
                   "gram": "fp32", "project": "fp32", "update": "fp32", "panel_update": "cublas"}
 
 
-def default_params(problem: Problem) -> dict:
-    """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial."""
-    aggregate = default_aggregate(problem)
-    params = {**DEFAULT_PARAMS, "aggregate": aggregate, "panel_update": default_panel_update(problem, aggregate)}
-    if problem.batch <= LANES_MAX_BATCH:
+def default_params(problem: Problem, clustered: bool = True) -> dict:
+    """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
+    clustered=False: the heuristic without clusters for single matrices."""
+    cluster = default_cluster(problem) if clustered else 0
+    aggregate = 0 if cluster else default_aggregate(problem)
+    update = default_panel_update(problem, aggregate)
+    precision = default_precision(problem, aggregate, update)
+    params = {**DEFAULT_PARAMS, "aggregate": aggregate, "panel_update": update, "cluster": cluster,
+              "gram": precision.gram, "project": precision.project, "update": precision.update}
+    if problem.batch <= LANES_MAX_BATCH and not cluster:
         params.update(family="lanes", lanes_head=32, lane_slots="auto")
         del params["rows_head"], params["cluster"]
     return params
@@ -218,6 +223,7 @@ class GPUEvaluator:
         rng = np.random.default_rng(0)
         shape = (problem.batch, problem.m, problem.n)
         self.inputs = [cupy.asarray(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
+        self._hostile = None  # the gates' batch of every stress family, on the GPU once made
         self._compiling: dict = {}  # schedule -> Future of its kernels' compilation (prepare)
         self._pool = None
 
@@ -261,9 +267,11 @@ class GPUEvaluator:
                 raise
             except Exception:  # not capturable: the eager call
                 time_us = median_time_us(lambda x: fac.run(x, stream), self.inputs, self.reps, warmup=2)
-            a, _ = mixed(self.problem.m, self.problem.n, max(10, min(self.problem.batch, 32)), seed=1)
-            h, tau = fac.run(cupy.asarray(a), stream)
-            f, o = check(a, h, tau).worst()
+            if self._hostile is None:  # made once per study: NumPy takes seconds for large matrices
+                a, _ = mixed(self.problem.m, self.problem.n, max(10, min(self.problem.batch, 32)), seed=1)
+                self._hostile = cupy.asarray(a)
+            h, tau = fac.run(self._hostile, stream)
+            f, o = check(self._hostile, h, tau).worst()  # float64 on the GPU
         except cupy.cuda.runtime.CUDARuntimeError as exc:
             raise TrialFailed(f"launch failure: {exc}") from None
         return Outcome(time_us, f, o)
@@ -284,13 +292,22 @@ def study_name(problem: Problem, target: Target, device: str) -> str:
 
 
 def _variations(problem: Problem) -> list[dict]:
-    """Points near the default worth measuring early: with aggregates, their products (long sums, many columns) in
-    tf32 while the panels' own products stay fp32 (split). The NumPy reference with tf32 rounding gave worst
-    factors 9.1 at 1024² and 4.9 at 2048² over the stress families (gate 20, tuning margin 10), BENCHMARKS.md."""
+    """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
+    sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split): the NumPy reference with
+    tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate 20, tuning
+    margin 10). For one or two matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
+    precisions), and where the default has clusters, the default without them."""
     params = default_params(problem)
-    if not params["aggregate"] or problem.k < 2048:
-        return []
-    return [{**params, "project": "tf32", "update": "tf32", "panel_update": "split"}]
+    found = []
+    if params["aggregate"] and problem.k >= 2048:
+        other = "fp32" if params["project"] == "tf32" else "tf32"
+        found.append({**params, "project": other, "update": other, "panel_update": "split"})
+    if problem.batch <= 2:
+        rows = {**DEFAULT_PARAMS, **{key: params[key] for key in ("aggregate", "panel_update", *STAGES)}}
+        found += [{**rows, "cluster": c} for c in (8, 4) if c != params.get("cluster")]
+    if params.get("cluster"):
+        found.append(default_params(problem, clustered=False))
+    return found
 
 
 def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> list[dict]:

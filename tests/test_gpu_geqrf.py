@@ -31,9 +31,22 @@ def test_square_every_family(n):
 @pytest.mark.slow
 @pytest.mark.parametrize("n", LARGE)
 def test_large_mixed(n):
-    a, labels = mixed(n, n, len(FAMILIES) if n <= 1024 else 2, seed=n)
-    result = _geqrf_checked(a)
-    assert result.ok, f"{n}x{n} {labels}: {result}"
+    """Every family; above 1024 columns in batches of two (split panel products, tf32 aggregates by default)."""
+    a, labels = mixed(n, n, len(FAMILIES), seed=n)
+    step = len(a) if n <= 1024 else 2
+    for i in range(0, len(a), step):
+        result = _geqrf_checked(a[i:i + step])
+        assert result.ok, f"{n}x{n} {labels[i:i + step]}: {result}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m,n", [(8192, 512), (4096, 1024), (2048, 2048)])
+def test_single_tall_matrices_every_family(m, n):
+    """One matrix per call: the default's panels on clusters of blocks."""
+    a, labels = mixed(m, n, len(FAMILIES), seed=m - n)
+    for i, label in enumerate(labels):
+        result = _geqrf_checked(a[i:i + 1])
+        assert result.ok, f"{m}x{n} {label}: {result}"
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ def _storage(tmp_path):
     return f"sqlite:///{tmp_path / 'study.sqlite3'}"
 
 
-@pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (100000, 32)])
-@pytest.mark.parametrize("batch", [3, 640])
+@pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (2048, 2048), (8192, 512), (100000, 32)])
+@pytest.mark.parametrize("batch", [1, 3, 8, 640])
 def test_default_params_give_the_default_schedule(m, n, batch):
     problem = Problem(m, n, batch)
     assert schedule_from_params(problem, default_params(problem)) == default_schedule(problem)
@@ -178,12 +178,31 @@ def test_time_limit_stops_starting_trials(tmp_path):
     assert any("time limit" in line for line in lines)
 
 
-def test_tf32_aggregates_are_an_early_trial(tmp_path):
-    """From 2048 columns with aggregates, the second trial is the default with tf32 aggregate products."""
+def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
+    """From 2048 columns with aggregates the default has tf32 aggregate products (panels' own fp32: split) and the
+    second trial is the same schedule in fp32; for one or two matrices, clusters follow."""
     problem = Problem(2048, 2048, 8)
+    default = default_params(problem)
+    assert default["project"] == default["update"] == "tf32" and default["panel_update"] == "split"
     result = tune(problem, Target(), 2, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
     study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
     second = study.trials[1].params
-    assert second["project"] == second["update"] == "tf32" and second["panel_update"] == "split"
+    assert second["project"] == second["update"] == "fp32" and second["panel_update"] == "split"
     assert {k: v for k, v in second.items() if k not in ("project", "update")} == {
-        k: v for k, v in default_params(problem).items() if k not in ("project", "update")}
+        k: v for k, v in default.items() if k not in ("project", "update")}
+
+    problem = Problem(4096, 4096, 2)
+    result = tune(problem, Target(), 4, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
+    study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
+    assert [t.params.get("cluster", 0) for t in study.trials[:4]] == [0, 0, 8, 4]
+
+
+def test_single_tall_matrices_default_to_clusters():
+    """One matrix of 2048 rows or more: rows panels on clusters of 8 blocks where they fit, no aggregates;
+    rows beyond a cluster's registers fall back to the multi-block panels."""
+    schedule = default_schedule(Problem(8192, 512, 1))
+    assert all(p.cluster and p.blocks == 8 for p in schedule.panels) and schedule.aggregate == 0
+    schedule = default_schedule(Problem(100000, 32, 1))
+    assert not any(p.cluster for p in schedule.panels) and schedule.panels[0].blocks > 1
+    assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 2)).panels)
+    assert not any(p.cluster for p in default_schedule(Problem(1000, 1000, 1)).panels)
