@@ -7,15 +7,16 @@ import pytest
 from qrgen.costmodel import estimate
 from qrgen.problem import Problem, Target
 from qrgen.schedule import default_schedule
-from qrgen.tune import (DEFAULT_PARAMS, ModelEvaluator, Outcome, TrialFailed, default_params, schedule_from_params,
-                        tune, tune_and_save)
+from qrgen.tune import (DEFAULT_PARAMS, MIN_GAIN, ModelEvaluator, Outcome, TrialFailed, default_params, provenance,
+                        schedule_from_params, tune, tune_and_save)
 
 
 def _storage(tmp_path):
     return f"sqlite:///{tmp_path / 'study.sqlite3'}"
 
 
-@pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (2048, 2048), (8192, 512), (100000, 32)])
+@pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (2048, 2048), (8192, 512),
+                                 (100000, 32)])
 @pytest.mark.parametrize("batch", [1, 3, 8, 640])
 def test_default_params_give_the_default_schedule(m, n, batch):
     problem = Problem(m, n, batch)
@@ -206,3 +207,19 @@ def test_single_tall_matrices_default_to_clusters():
     assert not any(p.cluster for p in schedule.panels) and schedule.panels[0].blocks > 1
     assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 2)).panels)
     assert not any(p.cluster for p in default_schedule(Problem(1000, 1000, 1)).panels)
+
+
+@pytest.mark.parametrize("gain", [0.01, 0.05])
+def test_default_stays_unless_a_point_is_clearly_faster(tmp_path, gain):
+    """A point within timing noise of the default (MIN_GAIN) does not replace it."""
+    problem = Problem(64, 64, 2)
+    defaults = default_params(problem)
+
+    def evaluator(schedule, params):
+        return Outcome(100.0 if params == defaults else 100.0 * (1 - gain), 0.1, 0.1)
+
+    result = tune(problem, Target(), 4, evaluator, _storage(tmp_path), log=lambda _: None)
+    kept = gain < MIN_GAIN
+    assert (result.params == defaults) == kept and result.default.time_us == 100.0
+    assert result.outcome.time_us == (100.0 if kept else 100.0 * (1 - gain))
+    assert ("choice" in provenance(result, "test")) == kept
