@@ -11,6 +11,7 @@ import math
 
 from . import qmatrix
 from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
+from .schedule import check_precision
 
 MODES = ("reduced", "complete", "r", "raw")
 
@@ -29,12 +30,12 @@ def _arrays(**named):
     return out
 
 
-def _factorizer(m: int, n: int, batch: int, device: int, factorizer=None):
+def _factorizer(m: int, n: int, batch: int, device: int, factorizer=None, precision: str | None = None):
     if not (batch and m and n):
         return None
     if factorizer is not None:
         return factorizer
-    return factorizer_for(m, n, batch, device_arch(device))
+    return factorizer_for(m, n, batch, device_arch(device), precision)
 
 
 def _check_shape(m: int, n: int, factorizer, what: str = "a") -> None:
@@ -87,19 +88,20 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False, *, factorizer=Non
     return arrs["h"].wrap(out.reshape(cd.shape))
 
 
-def qr(a, mode: str = "reduced", *, factorizer=None):
+def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=None):
     """numpy.linalg.qr's modes, batched: "reduced" (Q (..., m, k), R (..., k, n)), "complete" (Q (..., m, m),
     R (..., m, n)), "r" (R (..., k, n) alone, as NumPy returns it) and "raw" ((h, tau) with h as NumPy gives it,
-    (..., n, m): the transpose of geqrf's h, a view without copy)."""
+    (..., n, m): the transpose of geqrf's h, a view without copy). precision: as for qrgen.geqrf."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_precision(precision)
     arr = _arrays(a=a)["a"]
     data = arr.data
     m, n = data.shape[-2:]
     _check_shape(m, n, factorizer)
     lead = data.shape[:-2]
     batch = math.prod(lead)
-    h, tau = factor_device(_factorizer(m, n, batch, data.device.id, factorizer), arr)
+    h, tau = factor_device(_factorizer(m, n, batch, data.device.id, factorizer, precision), arr)
     if mode == "raw":
         return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
     with on_caller_stream(arr):
@@ -111,9 +113,11 @@ def qr(a, mode: str = "reduced", *, factorizer=None):
     return arr.wrap(q.reshape(*lead, m, q.shape[-1])), arr.wrap(r)
 
 
-def lstsq(a, b, *, factorizer=None):
+def lstsq(a, b, *, precision: str | None = None, factorizer=None):
     """Least squares for full-rank tall (or square) a (..., m, n): x minimizing ||a x - b||, with b (..., m) or
-    (..., m, p); returns (x, residual), residual the squared norm of a x - b per right-hand side."""
+    (..., m, p); returns (x, residual), residual the squared norm of a x - b per right-hand side. precision: as
+    for qrgen.geqrf (the error of x grows with a's condition number times the factorization's backward error)."""
+    check_precision(precision)
     arrs = _arrays(a=a, b=b)
     ad, bd = arrs["a"].data, arrs["b"].data
     m, n = ad.shape[-2:]
@@ -126,7 +130,7 @@ def lstsq(a, b, *, factorizer=None):
                          f"{tuple(ad.shape[:-2])} and m = {m}; got {tuple(bd.shape)}")
     lead = ad.shape[:-2]
     batch = math.prod(lead)
-    h, tau = factor_device(_factorizer(m, n, batch, ad.device.id, factorizer), arrs["a"])
+    h, tau = factor_device(_factorizer(m, n, batch, ad.device.id, factorizer, precision), arrs["a"])
     with on_caller_stream(arrs["a"]):
         rhs = bd.reshape(batch, m, 1) if vector else bd.reshape(batch, m, -1)
         x, res = qmatrix.lstsq(h.reshape(batch, m, n), tau.reshape(batch, -1), rhs)

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .problem import Problem, Target
@@ -272,15 +272,32 @@ def load(path: Path) -> tuple[Schedule, dict]:
     return Schedule.from_json(data), data.get("provenance", {})
 
 
-def find(problem: Problem, target: Target, root: Path | None = None) -> tuple[Schedule, str]:
-    """The tuned schedule for this problem if a file exists, else the default. Returns (schedule, origin)."""
+PRECISION_CHOICES = (None, "fp32")
+
+
+def check_precision(precision) -> None:
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be None (the schedule's own: tuned and default schedules may give the "
+                         f"trailing update's products tf32 inputs where that passes the accuracy gates) or 'fp32' "
+                         f"(every product from fp32 inputs); got {precision!r}")
+
+
+def find(problem: Problem, target: Target, root: Path | None = None,
+         precision: str | None = None) -> tuple[Schedule, str]:
+    """The tuned schedule for this problem if a file exists, else the default. Returns (schedule, origin).
+    precision="fp32": the same schedule with every stage in fp32."""
+    check_precision(precision)
     path = schedule_path(problem, target, root)
     if path.exists():
         schedule, _ = load(path)
         if (schedule.m, schedule.n) != (problem.m, problem.n):
             raise ValueError(f"{path} is for {schedule.m}x{schedule.n}, not {problem.m}x{problem.n}")
-        return schedule, str(path)
-    return default_schedule(problem, target), "default (heuristic)"
+        origin = str(path)
+    else:
+        schedule, origin = default_schedule(problem, target), "default (heuristic)"
+    if precision == "fp32" and schedule.precision != Precision():
+        schedule, origin = replace(schedule, precision=Precision()), f"{origin}, every stage in fp32"
+    return schedule, origin
 
 
 # ---------------------------------------------------------------------------------------------------------------

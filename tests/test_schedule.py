@@ -102,3 +102,25 @@ def test_cluster_panels():
     assert all(L.cluster and L.barriers == 0 for L in launches)  # no flag arrivals: the epoch does not move
     source = codegen.render(schedule, kernels[0]).source
     assert "__cluster_dims__(8, 1, 1)" in source and "cluster_sync();" in source
+
+
+def test_find_in_fp32_keeps_the_panels():
+    """precision="fp32" runs the shape's schedule (here the committed tuned one, tf32 aggregate products) with
+    every stage in fp32; anything but None or "fp32" is refused before any work, naming what is accepted."""
+    import numpy as np
+
+    import qrgen
+
+    problem, target = Problem(2048, 2048, 8), Target("cuda", "sm_90")
+    tuned, origin = find(problem, target)
+    assert tuned.precision.project == "tf32" and origin.endswith("2048x2048_b8.json")
+    fp32, origin32 = find(problem, target, precision="fp32")
+    assert fp32.precision == Precision() and fp32.panels == tuned.panels and fp32.aggregate == tuned.aggregate
+    assert "fp32" in origin32
+    assert find(Problem(64, 64, 3), target, precision="fp32")[0] == default_schedule(Problem(64, 64, 3))
+    for call in (lambda: find(problem, target, precision="tf32"),
+                 lambda: qrgen.geqrf(np.ones((2, 4, 4), np.float32), precision="fast"),
+                 lambda: qrgen.lstsq(np.ones((2, 4, 4), np.float32), np.ones((2, 4), np.float32), precision=32),
+                 lambda: qrgen.qr(np.ones((2, 4, 4), np.float32), precision="bf16")):
+        with pytest.raises(ValueError, match="precision must be None"):
+            call()
