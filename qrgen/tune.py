@@ -34,6 +34,7 @@ from .schedule import (LANES_MAX_BATCH, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR,
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
 MIN_GAIN = 0.02  # a tuned point replaces the default only when this much faster (timing noise is about 1%)
+CLUSTER_TRIALS_MAX_BATCH = 16  # early cluster trials while 8-block clusters of every matrix fit on the 132 SMs
 CLUSTERS = (0, 2, 4, 8)  # rows panels: 0 one block per matrix (or flag-exchanging blocks where one cannot hold it)
 LANES_SLOTS = ("auto", 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
@@ -296,14 +297,14 @@ def _variations(problem: Problem) -> list[dict]:
     """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
     sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split): the NumPy reference with
     tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate 20, tuning
-    margin 10). For one or two matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
+    margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
     precisions), and where the default has clusters, the default without them."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:
         other = "fp32" if params["project"] == "tf32" else "tf32"
         found.append({**params, "project": other, "update": other, "panel_update": "split"})
-    if problem.batch <= 2:
+    if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
         rows = {**DEFAULT_PARAMS, **{key: params[key] for key in ("aggregate", "panel_update", *STAGES)}}
         found += [{**rows, "cluster": c} for c in (8, 4) if c != params.get("cluster")]
     if params.get("cluster"):

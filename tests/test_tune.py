@@ -7,8 +7,8 @@ import pytest
 from qrgen.costmodel import estimate
 from qrgen.problem import Problem, Target
 from qrgen.schedule import default_schedule
-from qrgen.tune import (DEFAULT_PARAMS, MIN_GAIN, ModelEvaluator, Outcome, TrialFailed, default_params, provenance,
-                        schedule_from_params, tune, tune_and_save)
+from qrgen.tune import (DEFAULT_PARAMS, MIN_GAIN, ModelEvaluator, Outcome, TrialFailed, _variations, default_params,
+                        provenance, schedule_from_params, tune, tune_and_save)
 
 
 def _storage(tmp_path):
@@ -181,7 +181,7 @@ def test_time_limit_stops_starting_trials(tmp_path):
 
 def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
     """From 2048 columns with aggregates the default has tf32 aggregate products (panels' own fp32: split) and the
-    second trial is the same schedule in fp32; for one or two matrices, clusters follow."""
+    second trial is the same schedule in fp32; for up to 16 matrices, clusters follow (not for 60)."""
     problem = Problem(2048, 2048, 8)
     default = default_params(problem)
     assert default["project"] == default["update"] == "tf32" and default["panel_update"] == "split"
@@ -196,6 +196,8 @@ def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
     result = tune(problem, Target(), 4, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
     study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
     assert [t.params.get("cluster", 0) for t in study.trials[:4]] == [0, 0, 8, 4]
+    for batch, clusters in ((8, [8, 4]), (60, [])):
+        assert [v["cluster"] for v in _variations(Problem(2048, 2048, batch)) if "cluster" in v] == clusters
 
 
 def test_single_tall_matrices_default_to_clusters():
