@@ -187,7 +187,8 @@ class Schedule:
         elif panel.variant == "lanes":
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
         else:
-            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64 + (128 if panel.cluster else 0))
+            cluster_words = 128 if panel.cluster else 0
+            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64 + cluster_words)
         return PanelResources(rows, slots, regs, cap, smem)
 
     def panel_gram(self, index: int) -> str:
