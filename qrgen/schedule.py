@@ -433,9 +433,26 @@ def default_cluster(problem: Problem) -> int:
     return DEFAULT_CLUSTER if problem.batch == 1 and problem.m >= CLUSTER_FROM else 0
 
 
-def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
-    cluster = default_cluster(problem)
+@dataclass(frozen=True)
+class DefaultChoices:
+    """What the heuristic picks beside the panels (default_schedule; tune.default_params states the same point)."""
+    cluster: int
+    aggregate: int
+    panel_update: str
+    precision: Precision
+
+
+def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
+    """clustered=False: the heuristic as it would be without clusters for single matrices."""
+    cluster = default_cluster(problem) if clustered else 0
     aggregate = 0 if cluster else default_aggregate(problem)
+    update = default_panel_update(problem, aggregate)
+    return DefaultChoices(cluster, aggregate, update, default_precision(problem, aggregate, update))
+
+
+def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
+    choices = default_choices(problem)
+    cluster, aggregate = choices.cluster, choices.aggregate
     lanes = problem.batch <= LANES_MAX_BATCH and not cluster
     panels: list[Panel] = []
     col = 0
@@ -447,6 +464,4 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
         panel = panel or default_panel(rows, end - col)
         panels.append(panel)
         col += panel.width
-    update = default_panel_update(problem, aggregate)
-    return Schedule(problem.m, problem.n, tuple(panels), default_precision(problem, aggregate, update), aggregate,
-                    update)
+    return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update)

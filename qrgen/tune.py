@@ -28,8 +28,7 @@ from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (LANES_MAX_BATCH, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule,
-                       STAGES, cluster_panel, default_aggregate, default_cluster, default_panel, default_panel_update,
-                       default_precision, lanes_panel, load, save)
+                       STAGES, cluster_panel, default_choices, default_panel, lanes_panel, load, save)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -54,13 +53,10 @@ DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster"
 def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
     clustered=False: the heuristic without clusters for single matrices."""
-    cluster = default_cluster(problem) if clustered else 0
-    aggregate = 0 if cluster else default_aggregate(problem)
-    update = default_panel_update(problem, aggregate)
-    precision = default_precision(problem, aggregate, update)
-    params = {**DEFAULT_PARAMS, "aggregate": aggregate, "panel_update": update, "cluster": cluster,
-              "gram": precision.gram, "project": precision.project, "update": precision.update}
-    if problem.batch <= LANES_MAX_BATCH and not cluster:
+    c = default_choices(problem, clustered)
+    params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
+              "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
+    if problem.batch <= LANES_MAX_BATCH and not c.cluster:
         params.update(family="lanes", lanes_head=32, lane_slots="auto")
         del params["rows_head"], params["cluster"]
     return params
