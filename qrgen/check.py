@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .qmatrix import array_module
+
 EPS32 = float(np.finfo(np.float32).eps)
 FACTOR_GATE = 20.0
 ORTHOGONALITY_GATE = 100.0
@@ -47,10 +49,6 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _on_gpu(x) -> bool:
-    return type(x).__module__.startswith("cupy")
-
-
 def check(a, h, tau, factor_gate: float = FACTOR_GATE, orthogonality_gate: float = ORTHOGONALITY_GATE,
           device: str = "auto") -> CheckResult:
     """Scaled factor residual and orthogonality of (h, tau) as the geqrf of a, per matrix, in float64.
@@ -61,7 +59,7 @@ def check(a, h, tau, factor_gate: float = FACTOR_GATE, orthogonality_gate: float
     """
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
-    if device == "gpu" or (device == "auto" and _on_gpu(h)):
+    if device == "gpu" or (device == "auto" and array_module(h) is not np):
         import cupy
 
         a64, h64, t64 = (cupy.asarray(to_numpy(x) if type(x).__module__.startswith("torch") else x,
