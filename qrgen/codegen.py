@@ -76,14 +76,15 @@ class Aggregate:
 SPLIT_THREADS = 256
 SPLIT_TILE = 64
 TMAT_KERNEL = "qr_tmat"
-TMAT_THREADS = 256  # one thread per reflector: blocks and aggregates of up to 256 columns (schedule.MAX_AGGREGATE)
+TMAT_THREADS = 256  # threads per matrix; past TMAT_BLOCKED_MAX one per reflector (schedule.MAX_AGGREGATE: 256)
 TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared memory (templates/cuda/tmat.cuh.j2)
 
 
 def tmat_shared_bytes(a: int) -> int:
     """Dynamic shared memory of the T kernel for `a` reflectors: T (rows padded by one float), then G's 32 x 32
-    diagonal blocks, later X (a x 32)."""
-    return 4 * (a * (a + 1) + 1024 * -(-a // 32)) if a <= TMAT_BLOCKED_MAX else 0
+    diagonal blocks, later X (a x 32), then G's block column above a diagonal block (at most (a - 32) x 32)."""
+    blocks = -(-a // 32)
+    return 4 * (a * (a + 1) + 1024 * blocks + 1024 * (blocks - 1)) if a <= TMAT_BLOCKED_MAX else 0
 
 
 @dataclass(frozen=True)

@@ -474,7 +474,7 @@ class _CupyEngine:
         _, func = self.funcs[TMAT_KERNEL]
         a = agg.a1 - agg.a0
         stop = self._mark("tmat", None)
-        func((self.nb,), (32 * -(-a // 32),),
+        func((self.nb,), (codegen.TMAT_THREADS,),
              (self.ws.buffers["g"], np.uint64(self.tau.data.ptr + 4 * agg.a0), self.ws.buffers["t"], np.int32(a),
               np.int64(self.sizes.g), np.int32(self.fac.k)), shared_mem=codegen.tmat_shared_bytes(a))
         self._done(stop)
@@ -557,7 +557,7 @@ def tmatrix_gpu(gram, tau):
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
     if batch and w:
-        func((batch,), (32 * -(-w // 32),), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)),
+        func((batch,), (codegen.TMAT_THREADS,), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)),
              shared_mem=codegen.tmat_shared_bytes(w))
     return t
 

@@ -7,16 +7,20 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
                                              float* __restrict__ t, int a) {
   extern __shared__ float sm[];
   const int ld = a + 1;
-  float* tt = sm;             // T, a x ld (padded rows)
-  float* x = sm + a * ld;     // G's diagonal blocks (32 x 32 each), then X (up to a x 32)
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int nblk = (a + 31) >> 5;
+  float* tt = sm;                     // T, a x ld (padded rows)
+  float* x = sm + a * ld;             // G's diagonal blocks (32 x 32 each), then X (up to a x 32)
+  float* gc = x + (nblk << 10);       // G's block column above the diagonal block: gc[k * 32 + c] = G[k][c0 + c]
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int b0 = w << 5, i = b0 + lane;
-  float* gd = x + (w << 10);  // G[b0 + k][b0 + j] at gd[k * 32 + j], zero past a
   for (int e = threadIdx.x; e < a * ld; e += blockDim.x) tt[e] = 0.0f;
-  for (int k = 0; k < 32; ++k) gd[(k << 5) + lane] = b0 + k < a && i < a ? g[(size_t)(b0 + k) * a + i] : 0.0f;
+  if (w < nblk) {
+    float* gd = x + (w << 10);  // G[b0 + k][b0 + j] at gd[k * 32 + j], zero past a
+    for (int k = 0; k < 32; ++k) gd[(k << 5) + lane] = b0 + k < a && i < a ? g[(size_t)(b0 + k) * a + i] : 0.0f;
+  }
   __syncthreads();
-  {  // the diagonal block of warp w (the block has one warp per 32 columns)
+  if (w < nblk) {  // the diagonal block of warp w (warps past the blocks wait)
+    const float* gd = x + (w << 10);
     float r[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
@@ -32,35 +36,50 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
         if (b0 + j < a) tt[i * ld + b0 + j] = r[j];
     }
   }
-  __syncthreads();
   for (int bj = 1; bj < nblk; ++bj) {
     const int c0 = bj << 5, cw = min(32, a - c0);
-    // X[r][c] = sum_{r <= k < c0} T[r][k] G[k][c0 + c]: one row per warp at a time (T[r][k] one address per warp)
+    // G's block column into shared memory (coalesced rows of 32), read by every row of X below.
+    for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
+      const int k = e >> 5, c = e & 31;
+      gc[e] = c < cw ? g[(size_t)k * a + c0 + c] : 0.0f;
+    }
+    __syncthreads();  // gc, and the previous block column's T (or the diagonal blocks)
+    // X[r][c] = sum_{r <= k < c0} T[r][k] G[k][c0 + c]: a warp per row at a time (T[r][k] one address per warp,
+    // gc[k][c] a row of 32 banks), four partial sums.
     for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
       const int r = e >> 5, c = e & 31;
-      float s0 = 0.0f, s1 = 0.0f;
-      if (c < cw) {
-        int k = r;
-        for (; k + 2 <= c0; k += 2) {
-          s0 = fmaf(tt[r * ld + k], g[(size_t)k * a + c0 + c], s0);
-          s1 = fmaf(tt[r * ld + k + 1], g[(size_t)(k + 1) * a + c0 + c], s1);
-        }
-        if (k < c0) s0 = fmaf(tt[r * ld + k], g[(size_t)k * a + c0 + c], s0);
+      const float* tr = tt + r * ld;
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+      int k = r;
+      for (; k + 4 <= c0; k += 4) {
+        s0 = fmaf(tr[k], gc[(k << 5) + c], s0);
+        s1 = fmaf(tr[k + 1], gc[((k + 1) << 5) + c], s1);
+        s2 = fmaf(tr[k + 2], gc[((k + 2) << 5) + c], s2);
+        s3 = fmaf(tr[k + 3], gc[((k + 3) << 5) + c], s3);
       }
-      x[e] = s0 + s1;
+      for (; k < c0; ++k) s0 = fmaf(tr[k], gc[(k << 5) + c], s0);
+      x[e] = (s0 + s1) + (s2 + s3);
     }
     __syncthreads();
     // T[r][c0 + c] = -sum_{0 <= k <= c} X[r][k] T_JJ[k][c]
     for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
       const int r = e >> 5, c = e & 31;
       if (c < cw) {
-        float s = 0.0f;
-        for (int k = 0; k <= c; ++k) s = fmaf(x[(r << 5) + k], tt[(c0 + k) * ld + c0 + c], s);
-        tt[r * ld + c0 + c] = -s;
+        const float* xr = x + (r << 5);
+        const float* tj = tt + c0 * ld + c0 + c;
+        float s0 = 0.0f, s1 = 0.0f;
+        int k = 0;
+        for (; k + 2 <= c + 1; k += 2) {
+          s0 = fmaf(xr[k], tj[k * ld], s0);
+          s1 = fmaf(xr[k + 1], tj[(k + 1) * ld], s1);
+        }
+        if (k <= c) s0 = fmaf(xr[k], tj[k * ld], s0);
+        tt[r * ld + c0 + c] = -(s0 + s1);
       }
     }
-    __syncthreads();
+    // the next block column's first barrier orders these writes before their reads
   }
+  __syncthreads();
   for (int e = threadIdx.x; e < a * a; e += blockDim.x) {
     const int r = e / a;
     t[e] = tt[r * ld + e - r * a];
