@@ -153,21 +153,21 @@ struct RowsPanel {
     }
   }
 
-  // Sums nv values per thread over the block (and over the matrix's blocks); the sums land in sm.tot.
-  template <int J, int NV, int ND>
-  __device__ __forceinline__ void reduce(float (&v)[32]) {
-    constexpr int P = NV <= 1 ? 1 : NV <= 2 ? 2 : NV <= 4 ? 4 : NV <= 8 ? 8 : NV <= 16 ? 16 : 32;
+  // Sums NB values per thread over the block (and over the matrix's blocks); the sums land in sm.tot, and with
+  // several blocks block 0's copy of the pivot row (sm.piv) reaches the others.
+  __device__ __forceinline__ void reduce(float (&v)[32], const int j) {
+    constexpr int P = NB <= 1 ? 1 : NB <= 2 ? 2 : NB <= 4 ? 4 : NB <= 8 ? 8 : NB <= 16 ? 16 : 32;
     constexpr int SHIFT = 5 - (P == 1 ? 0 : P == 2 ? 1 : P == 4 ? 2 : P == 8 ? 3 : P == 16 ? 4 : 5);
     reduce_scatter<16, P>(v, lane);
     const int idx = lane >> SHIFT;
     const bool leader = (lane & ((1 << SHIFT) - 1)) == 0;
     if constexpr (WARPS == 1) {
-      if (leader && idx < NV) sm.tot[idx] = v[0];
+      if (leader && idx < NB) sm.tot[idx] = v[0];
       __syncwarp();
     } else {
-      if (leader && idx < NV) sm.red[warp][idx] = v[0];
+      if (leader && idx < NB) sm.red[warp][idx] = v[0];
       __syncthreads();
-      if (t < NV) {
+      if (t < NB) {
         float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
@@ -177,105 +177,111 @@ struct RowsPanel {
     }
     if constexpr (BLOCKS > 1 && CLUSTER) {
       
-      float* mine = sm.xs[J & 1];
-      if (t < NV) mine[t] = sm.tot[t];
-      if (g == 0 && t < ND) mine[32 + t] = sm.piv[J + t];
+      float* mine = sm.xs[j & 1];
+      if (t < NB) mine[t] = sm.tot[t];
+      if (g == 0 && t < NB) mine[32 + t] = sm.piv[t];
       cluster_sync();
-      if (t < NV) {
+      if (t < NB) {
         float acc = 0.0f;
 #pragma unroll
         for (int q = 0; q < BLOCKS; ++q) acc += load_peer(mine + t, q);
         sm.tot[t] = acc;
+        sm.piv[t] = load_peer(mine + 32 + t, 0);
       }
-      if (t < ND) sm.piv[J + t] = load_peer(mine + 32 + t, 0);
       __syncthreads();
     } else if constexpr (BLOCKS > 1) {
       
-      float* slot = xch + ((size_t)(b * 2 + (J & 1)) * BLOCKS) * XCH;
-      if (t < NV) slot[g * XCH + t] = sm.tot[t];
-      if (g == 0 && t < ND) slot[32 + t] = sm.piv[J + t];
+      float* slot = xch + ((size_t)(b * 2 + (j & 1)) * BLOCKS) * XCH;
+      if (t < NB) slot[g * XCH + t] = sm.tot[t];
+      if (g == 0 && t < NB) slot[32 + t] = sm.piv[t];
       __threadfence();
       __syncthreads();
       if (t == 0) {
         flag_arrive(flags + b);
-        const unsigned target = epoch + (unsigned)(J + 1) * BLOCKS;
+        const unsigned target = epoch + (unsigned)(j + 1) * BLOCKS;
         while (flag_load(flags + b) < target) {
         }
         __threadfence();
       }
       __syncthreads();
-      if (t < NV) {
+      if (t < NB) {
         float acc = 0.0f;
 #pragma unroll
         for (int q = 0; q < BLOCKS; ++q) acc += __ldcg(slot + q * XCH + t);
         sm.tot[t] = acc;
+        sm.piv[t] = __ldcg(slot + 32 + t);
       }
-      if (t < ND) sm.piv[J + t] = __ldcg(slot + 32 + t);
       __syncthreads();
     }
   }
 
-  // Column J: reflector and update of the later columns; also the Gram entries of reflector J - 1.
-  template <int J>
-  __device__ __forceinline__ void step() {
-    constexpr int ND = J < NB ? NB - J : 0;  // sigma_J and the dots with columns J+1..NB-1
-    constexpr int NG = TRAIL && J >= 2 ? J - 1 : 0;  // G[k][J-1] for k < J-1, needed for T only
+  // Column j (a loop that is not unrolled: the code of one column, reused by every column). The registers
+  // rotate: on entry x[s][0 .. NB-j) hold columns j .. NB-1 and x[s][NB-j .. NB) the finished columns 0 .. j-1;
+  // the update writes column k + 1 into slot k and the finished column j into slot NB - 1, so after NB columns
+  // x[s][k] holds column k. Only slot 0 can hold rows at or above row j (rows < NB <= THREADS).
+  // One reduction per column carries the squared norm of column j's tail, its dots with the later columns, and
+  // (TRAIL) the Gram entries v_k . v_{j-1} for k < j - 1 in the finished slots.
+  __device__ __forceinline__ void column(const int j) {
     float v[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s * THREADS;
-      if constexpr (J < NB) {
-        const float a = r > J ? x[s][J] : 0.0f;
-        v[0] = fmaf(a, a, v[0]);
+      const float a = (s > 0 || r > j) ? x[s][0] : 0.0f;
+      v[0] = fmaf(a, a, v[0]);
+      if constexpr (TRAIL) {
+        // v_{j-1} (unit in row j - 1, zero above): zero in rows above j - 1, so no entry above a v_k's unit
+        // diagonal (k < j - 1) reaches the sums, and slot p needs no mask of its own.
+        const float vp = round_input<GRAM>((s > 0 || r > j - 1) ? x[s][NB - 1] : (r == j - 1 ? 1.0f : 0.0f));
 #pragma unroll
-        for (int k = J + 1; k < NB; ++k) v[k - J] = fmaf(a, x[s][k], v[k - J]);
-      }
-      if constexpr (NG > 0) {
-        const float vp = round_input<GRAM>(r > J - 1 ? x[s][J - 1] : (r == J - 1 ? 1.0f : 0.0f));
-#pragma unroll
-        for (int k = 0; k < J - 1; ++k) v[ND + k] = fmaf(vp, round_input<GRAM>(x[s][k]), v[ND + k]);
-      }
-    }
-    if constexpr (J < NB) {
-      if (g == 0 && t == J) {
-#pragma unroll
-        for (int k = J; k < NB; ++k) sm.piv[k] = x[0][k];
-      }
-    }
-    if constexpr (ND + NG > 0) {
-      reduce<J, ND + NG, ND>(v);
-      if (t < NG) sm.gram[t][J - 1] = sm.tot[ND + t];
-    }
-    if constexpr (J < NB) {
-      const Reflector f = make_reflector(sm.piv[J], sm.tot[0]);
-      if (t == 0) sm.tau[J] = f.tau;
-      float fk[NB];
-#pragma unroll
-      for (int k = J + 1; k < NB; ++k) fk[k] = f.tau * fmaf(f.scale, sm.tot[k - J], sm.piv[k]);
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        const int r = row0 + s * THREADS;
-        if (r > J) {
-          const float vr = x[s][J] * f.scale;
-          x[s][J] = vr;
-#pragma unroll
-          for (int k = J + 1; k < NB; ++k) x[s][k] = fmaf(-fk[k], vr, x[s][k]);
-        } else if (r == J) {
-          x[s][J] = f.beta;
-#pragma unroll
-          for (int k = J + 1; k < NB; ++k) x[s][k] -= fk[k];
+        for (int p = 1; p < NB; ++p) {
+          const bool active = p < NB - j;
+          const float xp = x[s][p];
+          if constexpr (GRAM == 0) {
+            v[p] = fmaf(active ? a : vp, xp, v[p]);
+          } else {
+            v[p] = fmaf(active ? a : vp, active ? xp : round_input<GRAM>(xp), v[p]);
+          }
         }
+      } else {
+#pragma unroll
+        for (int p = 1; p < NB; ++p) v[p] = fmaf(a, x[s][p], v[p]);
       }
     }
-    if constexpr (J < NB || NG > 0) sync();  // tot and piv are rewritten by the next column
-  }
-
-  template <int J>
-  __device__ __forceinline__ void steps() {
-    step<J>();
-    if constexpr (J < NB) steps<J + 1>();
+    if (g == 0 && t == j) {
+#pragma unroll
+      for (int p = 0; p < NB; ++p) sm.piv[p] = x[0][p];
+    }
+    reduce(v, j);
+    if constexpr (TRAIL) {
+      if (t >= NB - j && t < NB - 1) sm.gram[t - (NB - j)][j - 1] = sm.tot[t];
+    }
+    const Reflector f = make_reflector(sm.piv[0], sm.tot[0]);
+    if (t == 0) sm.tau[j] = f.tau;
+    float fk[NB];
+#pragma unroll
+    for (int p = 1; p < NB; ++p) fk[p] = p < NB - j ? f.tau * fmaf(f.scale, sm.tot[p], sm.piv[p]) : 0.0f;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int r = row0 + s * THREADS;
+      const float y0 = x[s][0];
+      const float vr = y0 * f.scale;
+      if (s > 0) {
+#pragma unroll
+        for (int p = 1; p < NB; ++p) x[s][p - 1] = fmaf(-fk[p], vr, x[s][p]);
+        x[s][NB - 1] = vr;
+      } else {
+        const bool below = r > j, at = r == j;
+#pragma unroll
+        for (int p = 1; p < NB; ++p) {
+          const float xp = x[s][p];
+          x[s][p - 1] = below ? fmaf(-fk[p], vr, xp) : (at ? xp - fk[p] : xp);
+        }
+        x[s][NB - 1] = below ? vr : (at ? f.beta : y0);
+      }
+    }
+    sync();  // tot and piv are rewritten by the next column
   }
 
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
@@ -296,7 +302,8 @@ struct RowsPanel {
         }
       }
     }
-    steps<0>();
+#pragma unroll 1
+    for (int j = 0; j < NB; ++j) column(j);
     if constexpr (BLOCKS > 1 && CLUSTER) cluster_sync();  // no block leaves while another reads its shared memory
 
     if constexpr (TRAIL) {
@@ -321,21 +328,36 @@ struct RowsPanel {
       if (r < mp) {
 #pragma unroll
         for (int k = 0; k < NB; k += VEC) store_vec<VEC>(hb + (size_t)r * N + k, &x[s][k]);
-        if constexpr (TRAIL) {
-          // V^T and (V T)^T for the trailing update, one coalesced row of each per column.
-          float vr[NB];
+      }
+    }
+    if constexpr (TRAIL) {
+      // V^T and (V T)^T for the trailing update, one coalesced row of each per column. x becomes V (unit
+      // diagonal, zeros above it); column i of V T is the sum over k of v_k T[k][i] (T is upper triangular), a
+      // loop over i that is not unrolled.
 #pragma unroll
-          for (int k = 0; k < NB; ++k) {
-            vr[k] = r > k ? x[s][k] : (r == k ? 1.0f : 0.0f);
-            vt[(size_t)b * vbs + (size_t)k * vld + r] = vr[k];
-          }
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = row0 + s * THREADS;
 #pragma unroll
-          for (int i = 0; i < NB; ++i) {
-            float acc = 0.0f;
+        for (int k = 0; k < NB; ++k) {
+          x[s][k] = r > k ? x[s][k] : (r == k ? 1.0f : 0.0f);
+          if (r < mp) vt[(size_t)b * vbs + (size_t)k * vld + r] = x[s][k];
+        }
+      }
+#pragma unroll 1
+      for (int i = 0; i < NB; ++i) {
+        float acc[SLOTS];
 #pragma unroll
-            for (int k = 0; k <= i; ++k) acc = fmaf(vr[k], sm.tmat[k][i], acc);
-            zt[((size_t)b * NB + i) * mp + r] = acc;
-          }
+        for (int s = 0; s < SLOTS; ++s) acc[s] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+          const float tk = sm.tmat[k][i];
+#pragma unroll
+          for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(x[s][k], tk, acc[s]);
+        }
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int r = row0 + s * THREADS;
+          if (r < mp) zt[((size_t)b * NB + i) * mp + r] = acc[s];
         }
       }
     }
