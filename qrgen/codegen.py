@@ -36,6 +36,7 @@ class KernelSpec:
     shared_bytes: int  # dynamic shared memory (cols), 0 otherwise
     columns: tuple[int, ...]  # first columns of the panels that use it
     cluster: bool = False  # the blocks of a matrix form one thread-block cluster
+    loop: bool = False  # warp and rows: the loop over columns is not unrolled (Panel.loop)
 
 
 @dataclass(frozen=True)
@@ -153,14 +154,15 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
             vec = _vec(schedule.n, c0, panel.width)
             shared = 0
         key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, vec, trail, panel.slice, shared,
-               panel.cluster)
+               panel.cluster, panel.loop)
         keys.setdefault(key, []).append(c0)
         # flag arrivals per block (multi-block panels without a cluster): one per column, one more for G
         barriers = 0 if panel.cluster else panel.width + (1 if panel.width >= 2 and trail else 0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
                                blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=shared, nc=nc,
                                v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster))
-    kernels = [KernelSpec(_name(key), *key[:-1], columns=tuple(cols), cluster=key[-1]) for key, cols in keys.items()]
+    kernels = [KernelSpec(_name(key), *key[:-2], columns=tuple(cols), cluster=key[-2], loop=key[-1])
+               for key, cols in keys.items()]
     if schedule.panel_update == "split":
         widths = sorted({L.width for L in launches if L.nc > 0})
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
@@ -177,8 +179,8 @@ def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:
 
 
 def _name(key: tuple) -> str:
-    variant, width, threads, blocks, slots, vec, trail, slice_, _, cluster = key
-    trail = "_trail" if trail else ""
+    variant, width, threads, blocks, slots, vec, trail, slice_, _, cluster, loop = key
+    trail = ("_trail" if trail else "") + ("_loop" if loop else "")
     if variant == "cols":
         return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{trail}"
     if variant == "lanes":

@@ -15,6 +15,7 @@ from pathlib import Path
 from .problem import Problem, Target
 
 VARIANTS = ("warp", "rows", "cols", "lanes")
+LOOP_VARIANTS = ("warp", "rows")  # Panel.loop
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
@@ -48,6 +49,9 @@ class Panel:
                     turn as producer of those reflectors (published to shared memory, one mbarrier each).
     variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
                     ranges (threads a multiple of 32); the loop over columns is not unrolled.
+    loop (warp and rows): the loop over columns is not unrolled either (registers rotate by one column per step:
+                    small code at about 1.6x the arithmetic; pays where several blocks share an SM's instruction
+                    cache, measured on the H200 at 640 x 512²).
     """
 
     width: int
@@ -56,6 +60,7 @@ class Panel:
     blocks: int = 1
     slice: int = 0
     cluster: bool = False
+    loop: bool = False
 
     def __post_init__(self):
         if not isinstance(self.width, int) or self.width < 1:
@@ -92,6 +97,10 @@ class Panel:
         if self.cluster and (self.variant != "rows" or not 2 <= self.blocks <= MAX_CLUSTER):
             raise ValueError(f"Panel.cluster takes variant 'rows' with 2 to {MAX_CLUSTER} blocks; got variant "
                              f"{self.variant!r} with {self.blocks} block(s)")
+        if not isinstance(self.loop, bool):
+            raise ValueError(f"Panel.loop must be a bool, got {self.loop!r}")
+        if self.loop and self.variant not in LOOP_VARIANTS:
+            raise ValueError(f"Panel.loop applies to variants {LOOP_VARIANTS} only; got {self.variant!r}")
 
 
 @dataclass(frozen=True)
@@ -220,14 +229,15 @@ class Schedule:
     def describe(self) -> str:
         groups: list[list] = []
         for p in self.panels:
-            key = (p.width, p.variant, p.threads, p.blocks, p.slice, p.cluster)
+            key = (p.width, p.variant, p.threads, p.blocks, p.slice, p.cluster, p.loop)
             if groups and groups[-1][0] == key:
                 groups[-1][1] += 1
             else:
                 groups.append([key, 1])
         parts = []
-        for (w, v, t, b, s, c), count in groups:
+        for (w, v, t, b, s, c, loop), count in groups:
             extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else "")
+            extra += ", column loop" if loop else ""
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
         prec = self.precision
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
@@ -241,6 +251,8 @@ def _panel_json(p: Panel) -> dict:
         data.pop("slice")
     if not p.cluster:
         data.pop("cluster")
+    if not p.loop:
+        data.pop("loop")
     return data
 
 
@@ -385,6 +397,11 @@ def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = 
     return Precision()
 
 
+def with_loop(panel: Panel, loop: bool) -> Panel:
+    """`panel` with Panel.loop set where its variant has the choice."""
+    return replace(panel, loop=loop) if panel.variant in LOOP_VARIANTS else panel
+
+
 def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
     """The heuristic's panel for `rows` rows with `remaining` columns left: the widest of `widths` that one block
     holds, else several blocks (8 columns wide)."""
@@ -440,6 +457,7 @@ class DefaultChoices:
     aggregate: int
     panel_update: str
     precision: Precision
+    loop: bool  # Panel.loop for the warp and rows panels
 
 
 def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
@@ -447,7 +465,16 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
     cluster = default_cluster(problem) if clustered else 0
     aggregate = 0 if cluster else default_aggregate(problem)
     update = default_panel_update(problem, aggregate)
-    return DefaultChoices(cluster, aggregate, update, default_precision(problem, aggregate, update))
+    return DefaultChoices(cluster, aggregate, update, default_precision(problem, aggregate, update),
+                          default_loop(problem))
+
+
+def default_loop(problem: Problem) -> bool:
+    """Column loops (Panel.loop) for the warp and rows panels where more matrices than LANES_MAX_BATCH share the
+    SMs: blocks at different columns then compete for the instruction cache. Measured on the H200 (BENCHMARKS.md,
+    fifth session, `qrgen bench --profile`): 640 x 512² panel kernels 5.76 -> 4.06 ms; with one matrix or a few,
+    no gain (8-block clusters 2.75 -> 2.89 µs per column, 8 x 2048² 5.12 -> 6.09 ms, 60 x 1024² 3.35 -> 3.19)."""
+    return problem.batch > LANES_MAX_BATCH
 
 
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
@@ -462,6 +489,6 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
         panel = cluster_panel(rows, min(32, end - col), cluster) if cluster else None
         panel = panel or (lanes_panel(rows, min(32, end - col), "auto") if lanes else None)
         panel = panel or default_panel(rows, end - col)
-        panels.append(panel)
+        panels.append(with_loop(panel, choices.loop))
         col += panel.width
     return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update)

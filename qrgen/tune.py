@@ -2,7 +2,8 @@
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
-column slice; rows panels on one block or on a cluster of 2 to 8 blocks), the aggregate size, how the panels' own
+column slice; rows panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their column
+loop unrolled or not), the aggregate size, how the panels' own
 products run (cuBLAS or the split kernels) and the input
 precision of each trailing-update stage. Points the resource
 model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
@@ -27,8 +28,9 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (LANES_MAX_BATCH, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision, Schedule,
-                       STAGES, cluster_panel, default_choices, default_panel, lanes_panel, load, save)
+from .schedule import (LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision,
+                       Schedule, STAGES, cluster_panel, default_choices, default_panel, lanes_panel, load, save,
+                       with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -38,6 +40,7 @@ CLUSTERS = (0, 2, 4, 8)  # rows panels: 0 one block per matrix (or flag-exchangi
 LANES_SLOTS = ("auto", 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
 COLS_SLICES = (2, 4, 8)
+LOOPS = (False, True)  # Panel.loop of the warp and rows panels
 SPLITS = (0.25, 0.5, 0.75, 1.0)
 AGGREGATES = (0, 64, 128, 256)
 # Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
@@ -47,7 +50,7 @@ ALL_FAMILIES = ("rows", "cols", "lanes")
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
 DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster": 0, "aggregate": 0,
-                  "gram": "fp32", "project": "fp32", "update": "fp32", "panel_update": "cublas"}
+                  "gram": "fp32", "project": "fp32", "update": "fp32", "panel_update": "cublas", "loop": False}
 
 
 def default_params(problem: Problem, clustered: bool = True) -> dict:
@@ -55,6 +58,7 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     clustered=False: the heuristic without clusters for single matrices."""
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
+              "loop": c.loop,
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
     if problem.batch <= LANES_MAX_BATCH and not c.cluster:
         params.update(family="lanes", lanes_head=32, lane_slots="auto")
@@ -122,7 +126,7 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
             panel = Panel(width, "cols", 32 * math.ceil(width / slice_), 1, slice_)
         else:
             raise ValueError(f"family must be one of {ALL_FAMILIES}, got {family!r}")
-        panels.append(panel)
+        panels.append(with_loop(panel, params.get("loop", False)))
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
     return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
@@ -144,6 +148,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
     if params["family"] == "rows":
         params["cluster"] = trial.suggest_categorical("cluster", CLUSTERS)
+    if params["family"] in ("rows", "lanes"):  # lanes: its rows panels where lanes do not fit
+        params["loop"] = trial.suggest_categorical("loop", LOOPS)
     if params["family"] == "lanes":
         params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
@@ -305,7 +311,17 @@ def _variations(problem: Problem) -> list[dict]:
         found += [{**rows, "cluster": c} for c in (8, 4) if c != params.get("cluster")]
     if params.get("cluster"):
         found.append(default_params(problem, clustered=False))
+    if _has_loop_choice(problem, params):
+        found.append({**params, "loop": not params["loop"]})
     return found
+
+
+def _has_loop_choice(problem: Problem, params: dict) -> bool:
+    """Whether the point's schedule has warp or rows panels, for which Panel.loop is a choice."""
+    try:
+        return any(p.variant in LOOP_VARIANTS for p in schedule_from_params(problem, params).panels)
+    except ValueError:
+        return False
 
 
 def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> list[dict]:
@@ -353,11 +369,14 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
             if params.get("family") in families:
                 study.enqueue_trial(params, skip_if_exists=True)
 
+    measured: dict[Schedule, Outcome] = {}  # points of the space that give the same schedule are measured once
+
     def evaluate(trial, params, schedule, reason):
         """The trial's objective value(s); TrialFailed (after recording why) where it has none."""
         if schedule is None:
             return _fail(trial, reason)
-        outcome = evaluator(schedule, params)
+        outcome = measured.get(schedule) or evaluator(schedule, params)
+        measured[schedule] = outcome
         trial.set_user_attr("time_us", outcome.time_us)
         trial.set_user_attr("factor", outcome.factor)
         trial.set_user_attr("orthogonality", outcome.orthogonality)
@@ -393,7 +412,8 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
                 log(f"time limit of {time_limit:g} s reached after {done} trial(s)")
                 break
             if prepare:
-                prepare([schedule for _, _, schedule, _ in queue[1:] if schedule is not None])
+                prepare([schedule for _, _, schedule, _ in queue[1:]
+                         if schedule is not None and schedule not in measured])
             trial, params, schedule, reason = queue[0]
             try:
                 values, state = evaluate(trial, params, schedule, reason), "ok"

@@ -104,6 +104,32 @@ def test_cluster_panels():
     assert "__cluster_dims__(8, 1, 1)" in source and "cluster_sync();" in source
 
 
+def test_column_loop_panels():
+    """Panel.loop (warp and rows only): validated, kept in JSON only when set, named apart, rendered as a loop
+    that is not unrolled; the default turns it on where more matrices than LANES_MAX_BATCH share the SMs."""
+    from qrgen import codegen
+    from qrgen.schedule import LANES_MAX_BATCH, with_loop
+
+    for kwargs in ({"variant": "lanes", "threads": 64}, {"loop": 1}):
+        with pytest.raises(ValueError, match="Panel.loop"):
+            Panel(32, **{"variant": "rows", "threads": 128, "loop": True, **kwargs})
+    looped = default_schedule(Problem(512, 512, LANES_MAX_BATCH + 1))
+    assert all(p.loop for p in looped.panels) and {p.variant for p in looped.panels} <= {"warp", "rows"}
+    assert not any(p.loop for p in default_schedule(Problem(512, 512, LANES_MAX_BATCH)).panels)
+    assert Schedule.from_json(json.loads(json.dumps(looped.to_json()))) == looped
+    assert "loop" not in default_schedule(Problem(512, 512, 8)).to_json()["panels"][0]
+    assert "column loop" in looped.describe()
+    assert with_loop(Panel(32, "lanes", 64), True) == Panel(32, "lanes", 64)
+    kernels, _ = codegen.plan(looped)
+    assert all(k.loop and k.name.endswith("_loop") for k in kernels if k.variant in ("warp", "rows"))
+    source = codegen.render(looped, kernels[0]).source
+    assert "for (int j = 0; j < STEPS; ++j) column(j);" in source and ", false, true>(" in source  # not a cluster
+    unrolled = Schedule(512, 512, tuple(with_loop(p, False) for p in looped.panels))
+    kernels, _ = codegen.plan(unrolled)
+    assert not any(k.loop or "_loop" in k.name for k in kernels)
+    assert ", false, false>(" in codegen.render(unrolled, kernels[0]).source
+
+
 def test_find_in_fp32_keeps_the_panels():
     """precision="fp32" runs the shape's schedule (here the committed tuned one, tf32 aggregate products) with
     every stage in fp32; anything but None or "fp32" is refused before any work, naming what is accepted."""

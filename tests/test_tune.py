@@ -61,8 +61,8 @@ def test_search_runs_resumes_and_writes_provenance(tmp_path):
 
 
 def test_inaccurate_precision_is_never_best(tmp_path):
-    """bf16 everywhere is the cost model's fastest point and fails the stress families: it is recorded as a failed
-    trial with its reason and never returned."""
+    """bf16 everywhere fails the stress families: queued first, it is recorded as a failed trial with its reason
+    and never returned."""
     problem = Problem(96, 96, 4)
     evaluator = ModelEvaluator(problem)
     bf16 = {**default_params(problem), "gram": "bf16", "project": "bf16", "update": "bf16"}
@@ -74,7 +74,6 @@ def test_inaccurate_precision_is_never_best(tmp_path):
     optuna.create_study(study_name=name, storage=storage).enqueue_trial(bf16)
     result = tune(problem, Target(), 8, evaluator, storage, log=lambda _: None)
     assert result.params != bf16 and result.outcome.accurate
-    assert result.outcome.time_us >= fast.time_us  # the returned point is no faster than the rejected one
     failed = [t for t in optuna.load_study(study_name=name, storage=storage).trials
               if t.state == optuna.trial.TrialState.FAIL]
     assert any(t.params == bf16 and t.user_attrs["failure"].startswith("inaccurate") for t in failed)
@@ -198,6 +197,18 @@ def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
     assert [t.params.get("cluster", 0) for t in study.trials[:4]] == [0, 0, 8, 4]
     for batch, clusters in ((8, [8, 4]), (60, [])):
         assert [v["cluster"] for v in _variations(Problem(2048, 2048, batch)) if "cluster" in v] == clusters
+
+
+def test_column_loop_is_an_early_trial():
+    """Where the default has warp or rows panels (the lanes family has them where lanes do not fit), the same point
+    with the other column loop is tried early; schedules without such panels have no such trial."""
+    for problem in (Problem(512, 512, 640), Problem(8192, 512, 1), Problem(4096, 4096, 2), Problem(1024, 1024, 60)):
+        default = default_params(problem)
+        assert {**default, "loop": not default["loop"]} in _variations(problem)
+        assert schedule_from_params(problem, {**default, "loop": True}).panels != default_schedule(problem).panels \
+            or default["loop"]
+    problem = Problem(176, 176, 40)
+    assert not any(v.get("loop") for v in _variations(problem))
 
 
 def test_single_tall_matrices_default_to_clusters():
