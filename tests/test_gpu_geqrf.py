@@ -352,3 +352,31 @@ def test_cluster_panels_every_family(m, n, blocks, aggregate, batch):
         a = stress(family, m, n, batch, seed=blocks)
         h, tau = fac(cupy.asarray(a))
         assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
+
+
+@pytest.mark.parametrize("m,n,aggregate,batch,blocks", [(300, 200, 0, 3, 0), (100, 64, 0, 5, 0), (8192, 64, 0, 1, 0),
+                                                        (8192, 64, 0, 1, 8), (1024, 1024, 128, 2, 0),
+                                                        (2000, 300, 128, 2, 4), (40, 100, 0, 3, 0)])
+def test_column_loop_panels_every_family(m, n, aggregate, batch, blocks):
+    """Warp and rows panels with the column loop not unrolled (Panel.loop): one block, several blocks with flags,
+    a cluster, aggregates, wide matrices."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Schedule, cluster_panel, default_panel, with_loop
+
+    k = min(m, n)
+    panels, col = [], 0
+    while col < k:
+        end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
+        panel = (cluster_panel(m - col, min(32, end - col), blocks) if blocks else None) or default_panel(m - col,
+                                                                                                          end - col)
+        panels.append(with_loop(panel, True))
+        col += panel.width
+    schedule = Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update="split" if aggregate else "cublas")
+    assert all(p.loop for p in schedule.panels)
+    fac = Factorizer(m, n, schedule, "sm_90")
+    for family in FAMILIES:
+        a = stress(family, m, n, batch, seed=m + n)
+        h, tau = fac(cupy.asarray(a))
+        assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
