@@ -11,53 +11,15 @@ from pathlib import Path as _Path
 from qrgen.module import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 176, 176, 40, "sm_90"
-SCHEDULE = {
-    "m": 176,
-    "n": 176,
-    "panels": [
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 704,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 576,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 448,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 320,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 192,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "lanes",
-            "threads": 64,
-            "blocks": 1
-        }
-    ],
-    "precision": {
-        "gram": "fp32",
-        "project": "fp32",
-        "update": "fp32"
-    }
-}
+SCHEDULE = {'m': 176,
+ 'n': 176,
+ 'panels': [{'width': 32, 'variant': 'lanes', 'threads': 704, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 576, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 448, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 320, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 192, 'blocks': 1},
+            {'width': 16, 'variant': 'lanes', 'threads': 64, 'blocks': 1}],
+ 'precision': {'gram': 'fp32', 'project': 'fp32', 'update': 'fp32'}}
 
 _module = _GeneratedModule(M, N, BATCH, ARCH, SCHEDULE, _Path(__file__).with_name("qr_176x176_b40"))
 schedule = _module.schedule

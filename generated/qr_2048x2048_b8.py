@@ -11,595 +11,107 @@ from pathlib import Path as _Path
 from qrgen.module import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 2048, 2048, 8, "sm_90"
-SCHEDULE = {
-    "m": 2048,
-    "n": 2048,
-    "panels": [
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 16,
-            "variant": "rows",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 128,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "rows",
-            "threads": 128,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 896,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 832,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 768,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 704,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 640,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 576,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 1024,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 896,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 768,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 640,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 384,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 128,
-            "blocks": 1
-        }
-    ],
-    "precision": {
-        "gram": "fp32",
-        "project": "tf32",
-        "update": "tf32"
-    },
-    "aggregate": 128,
-    "panel_update": "split"
-}
+SCHEDULE = {'m': 2048,
+ 'n': 2048,
+ 'panels': [{'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 16, 'variant': 'rows', 'threads': 512, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 128, 'blocks': 1},
+            {'width': 32, 'variant': 'rows', 'threads': 128, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 896, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 832, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 768, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 704, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 640, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 576, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 1024, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 896, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 768, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 640, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 512, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 384, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 128, 'blocks': 1}],
+ 'precision': {'gram': 'fp32', 'project': 'tf32', 'update': 'tf32'},
+ 'aggregate': 128,
+ 'panel_update': 'split'}
 
 _module = _GeneratedModule(M, N, BATCH, ARCH, SCHEDULE, _Path(__file__).with_name("qr_2048x2048_b8"))
 schedule = _module.schedule

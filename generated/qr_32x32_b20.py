@@ -11,23 +11,10 @@ from pathlib import Path as _Path
 from qrgen.module import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 32, 32, 20, "sm_90"
-SCHEDULE = {
-    "m": 32,
-    "n": 32,
-    "panels": [
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 128,
-            "blocks": 1
-        }
-    ],
-    "precision": {
-        "gram": "fp32",
-        "project": "fp32",
-        "update": "fp32"
-    }
-}
+SCHEDULE = {'m': 32,
+ 'n': 32,
+ 'panels': [{'width': 32, 'variant': 'lanes', 'threads': 128, 'blocks': 1}],
+ 'precision': {'gram': 'fp32', 'project': 'fp32', 'update': 'fp32'}}
 
 _module = _GeneratedModule(M, N, BATCH, ARCH, SCHEDULE, _Path(__file__).with_name("qr_32x32_b20"))
 schedule = _module.schedule

@@ -11,83 +11,20 @@ from pathlib import Path as _Path
 from qrgen.module import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 352, 352, 40, "sm_90"
-SCHEDULE = {
-    "m": 352,
-    "n": 352,
-    "panels": [
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 704,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 640,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 576,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 1024,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 896,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 768,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 640,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 512,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 384,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 256,
-            "blocks": 1
-        },
-        {
-            "width": 32,
-            "variant": "lanes",
-            "threads": 128,
-            "blocks": 1
-        }
-    ],
-    "precision": {
-        "gram": "fp32",
-        "project": "fp32",
-        "update": "fp32"
-    }
-}
+SCHEDULE = {'m': 352,
+ 'n': 352,
+ 'panels': [{'width': 32, 'variant': 'lanes', 'threads': 704, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 640, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 576, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 1024, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 896, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 768, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 640, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 512, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 384, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 256, 'blocks': 1},
+            {'width': 32, 'variant': 'lanes', 'threads': 128, 'blocks': 1}],
+ 'precision': {'gram': 'fp32', 'project': 'fp32', 'update': 'fp32'}}
 
 _module = _GeneratedModule(M, N, BATCH, ARCH, SCHEDULE, _Path(__file__).with_name("qr_352x352_b40"))
 schedule = _module.schedule

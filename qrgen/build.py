@@ -1,8 +1,8 @@
 """`qrgen build`: schedule -> rendered kernels -> compiled binaries -> an importable module under generated/."""
 from __future__ import annotations
 
-import json
 import os
+import pprint
 import tempfile
 import time
 from dataclasses import dataclass
@@ -52,7 +52,8 @@ def render_module(problem: Problem, target: Target, schedule_root: Path | None =
     sources = {r.name: r.source for r in codegen.render_all(schedule, target.arch, target.backend)}
     text = codegen.environment().get_template("python/module.py.j2").render(
         version=__version__, m=problem.m, n=problem.n, batch=problem.batch, arch=target.arch, name=name,
-        origin=origin, describe=schedule.describe(), schedule_json=json.dumps(schedule.to_json(), indent=4))
+        origin=origin, describe=schedule.describe(),
+        schedule_literal=pprint.pformat(schedule.to_json(), sort_dicts=False))
     return name, text, sources, schedule, origin
 
 
