@@ -21,6 +21,7 @@ STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
 MAX_CLUSTER = 8  # blocks in a portable thread-block cluster (sm_90)
+CLUSTER_SLOTS = 4  # the default's most rows per thread on a cluster (cluster_panel)
 PANEL_UPDATES = ("cublas", "split")
 
 # sm_90 budgets (per block): the compiler's register cap comes from __launch_bounds__(threads, 1).
@@ -343,11 +344,12 @@ def _multi_block_panel(rows: int, width: int) -> Panel:
     raise ValueError(f"no panel kernel fits {rows} rows")  # pragma: no cover
 
 
-def cluster_panel(rows: int, width: int, blocks: int) -> Panel | None:
+def cluster_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_SLOTS) -> Panel | None:
     """A rows panel over a cluster of `blocks` blocks: the fewest threads per block that hold `rows` x `width` with
-    at most four rows per thread (more where registers demand), or None."""
+    at most `slots` rows per thread (more where registers demand), or None. Fewer rows per thread shorten the
+    chain of dependent instructions that each column costs a thread."""
     for threads in THREADS[1:]:
-        if math.ceil(math.ceil(rows / blocks) / threads) > 4 and threads < 1024:
+        if math.ceil(math.ceil(rows / blocks) / threads) > slots and threads < 1024:
             continue
         panel = Panel(width, "rows", threads, blocks, cluster=True)
         if _fits(rows, panel):

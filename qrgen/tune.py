@@ -28,14 +28,15 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR, Panel, Precision,
-                       Schedule, STAGES, cluster_panel, default_choices, default_panel, lanes_panel, load, save,
-                       with_loop)
+from .schedule import (CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR,
+                       Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
+                       lanes_panel, load, save, with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
 MIN_GAIN = 0.02  # a tuned point replaces the default only when this much faster (timing noise is about 1%)
 CLUSTER_TRIALS_MAX_BATCH = 16  # early cluster trials while 8-block clusters of every matrix fit on the 132 SMs
+CLUSTER_SLOTS_CHOICES = (1, 2, 4)  # most rows per thread of a cluster panel (schedule.cluster_panel)
 CLUSTERS = (0, 2, 4, 8)  # rows panels: 0 one block per matrix (or flag-exchanging blocks where one cannot hold it)
 LANES_SLOTS = ("auto", 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
@@ -113,7 +114,8 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         rows, remaining = problem.m - col, end - col
         if family == "rows" and params.get("cluster", 0):  # a cluster of blocks per panel, where registers allow
             width = min(32 if params[f"rows_{phase}"] == "auto" else params[f"rows_{phase}"], remaining)
-            panel = cluster_panel(rows, width, params["cluster"]) or default_panel(rows, remaining)
+            slots = params.get("cluster_slots", CLUSTER_SLOTS)
+            panel = cluster_panel(rows, width, params["cluster"], slots) or default_panel(rows, remaining)
         elif family == "rows":
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
@@ -148,6 +150,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
     if params["family"] == "rows":
         params["cluster"] = trial.suggest_categorical("cluster", CLUSTERS)
+        if params["cluster"]:
+            params["cluster_slots"] = trial.suggest_categorical("cluster_slots", CLUSTER_SLOTS_CHOICES)
     if params["family"] in ("rows", "lanes"):  # lanes: its rows panels where lanes do not fit
         params["loop"] = trial.suggest_categorical("loop", LOOPS)
     if params["family"] == "lanes":
@@ -300,7 +304,8 @@ def _variations(problem: Problem) -> list[dict]:
     sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split): the NumPy reference with
     tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate 20, tuning
     margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
-    precisions), and where the default has clusters, the default without them."""
+    precisions), then clusters of 8 with fewer rows per thread; where the default has clusters, the default
+    without them; where it has warp or rows panels, the other column loop."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:
@@ -309,6 +314,8 @@ def _variations(problem: Problem) -> list[dict]:
     if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
         rows = {**DEFAULT_PARAMS, **{key: params[key] for key in ("aggregate", "panel_update", *STAGES)}}
         found += [{**rows, "cluster": c} for c in (8, 4) if c != params.get("cluster")]
+        found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
+                  if slots != CLUSTER_SLOTS]
     if params.get("cluster"):
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):

@@ -330,10 +330,12 @@ def test_check_on_the_gpu_matches_lapack():
         assert not gpu.passed[1] and gpu.passed[np.arange(len(a)) != 1].all()
 
 
-@pytest.mark.parametrize("m,n,blocks,aggregate,batch", [(8192, 64, 8, 0, 1), (2000, 300, 4, 128, 2),
-                                                        (1024, 1024, 8, 128, 2), (600, 600, 2, 0, 3)])
-def test_cluster_panels_every_family(m, n, blocks, aggregate, batch):
-    """Rows panels on a thread-block cluster (partial sums through the blocks' shared memory)."""
+@pytest.mark.parametrize("m,n,blocks,aggregate,batch,slots", [(8192, 64, 8, 0, 1, 4), (2000, 300, 4, 128, 2, 4),
+                                                              (1024, 1024, 8, 128, 2, 4), (600, 600, 2, 0, 3, 4),
+                                                              (4096, 96, 8, 0, 1, 1), (2048, 2048, 8, 128, 2, 2)])
+def test_cluster_panels_every_family(m, n, blocks, aggregate, batch, slots):
+    """Rows panels on a thread-block cluster (partial sums through the blocks' shared memory), with up to `slots`
+    rows per thread."""
     import cupy
 
     from qrgen.runtime import Factorizer
@@ -343,7 +345,7 @@ def test_cluster_panels_every_family(m, n, blocks, aggregate, batch):
     panels, col = [], 0
     while col < k:
         end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
-        panels.append(cluster_panel(m - col, min(32, end - col), blocks) or default_panel(m - col, end - col))
+        panels.append(cluster_panel(m - col, min(32, end - col), blocks, slots) or default_panel(m - col, end - col))
         col += panels[-1].width
     schedule = Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update="split" if aggregate else "cublas")
     assert any(p.cluster for p in schedule.panels)

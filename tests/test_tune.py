@@ -195,8 +195,13 @@ def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
     result = tune(problem, Target(), 4, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
     study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
     assert [t.params.get("cluster", 0) for t in study.trials[:4]] == [0, 0, 8, 4]
-    for batch, clusters in ((8, [8, 4]), (60, [])):
+    for batch, clusters in ((8, [8, 4, 8, 8]), (60, [])):
         assert [v["cluster"] for v in _variations(Problem(2048, 2048, batch)) if "cluster" in v] == clusters
+    # fewer rows per thread on clusters of 8: more threads per block
+    found = {v.get("cluster_slots"): schedule_from_params(problem, v).panels[0] for v in _variations(problem)
+             if v.get("cluster") == 8}
+    assert [(found[s].threads, found[s].blocks, found[s].cluster) for s in (None, 2, 1)] == [
+        (128, 8, True), (256, 8, True), (512, 8, True)]
 
 
 def test_column_loop_is_an_early_trial():
