@@ -198,7 +198,8 @@ class Schedule:
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
         else:
             cluster_words = 128 if panel.cluster else 0
-            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 4 * panel.width + 64 + cluster_words)
+            # panel_rows.cuh.j2's Shared: red, tot and piv by parity, G and T (rows padded), tau, the cluster's xs
+            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96 + cluster_words)
         return PanelResources(rows, slots, regs, cap, smem)
 
     def panel_gram(self, index: int) -> str:

@@ -127,8 +127,8 @@ struct RowsPanel {
 
   struct Shared {
     float red[WARPS][32];
-    float tot[32];
-    float piv[NB];
+    float tot[2][32];  // by parity of the column, like piv
+    float piv[2][NB];
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
@@ -154,47 +154,63 @@ struct RowsPanel {
   }
 
   // Sums NV values per thread over the block (and over the matrix's blocks) for column j; the sums land in
-  // sm.tot, and block 0's pivot row entries sm.piv[p0 .. p0 + ND) reach the other blocks.
+  // sm.tot[j & 1], and block 0's pivot row entries sm.piv[j & 1][p0 .. p0 + ND) reach the other blocks. Totals
+  // and pivot row alternate by column, so a column needs no barrier at its end: a thread rewrites them for
+  // column j + 2 only after the next column's first barrier, which every reader of column j's has passed.
   template <int NV, int ND>
   __device__ __forceinline__ void reduce(float (&v)[32], const int j, const int p0) {
     constexpr int P = NV <= 1 ? 1 : NV <= 2 ? 2 : NV <= 4 ? 4 : NV <= 8 ? 8 : NV <= 16 ? 16 : 32;
     constexpr int SHIFT = 5 - (P == 1 ? 0 : P == 2 ? 1 : P == 4 ? 2 : P == 8 ? 3 : P == 16 ? 4 : 5);
+    constexpr bool CLUSTERED = BLOCKS > 1 && CLUSTER;
+    float* tot = sm.tot[j & 1];
+    float* piv = sm.piv[j & 1];
     reduce_scatter<16, P>(v, lane);
     const int idx = lane >> SHIFT;
     const bool leader = (lane & ((1 << SHIFT) - 1)) == 0;
     if constexpr (WARPS == 1) {
-      if (leader && idx < NV) sm.tot[idx] = v[0];
+      if (leader && idx < NV) tot[idx] = v[0];
       __syncwarp();
     } else {
       if (leader && idx < NV) sm.red[warp][idx] = v[0];
       __syncthreads();
-      if (t < NV) {
-        float acc = 0.0f;
+      if constexpr (!CLUSTERED) {
+        if (t < NV) {
+          float acc = 0.0f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
-        sm.tot[t] = acc;
+          for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
+          tot[t] = acc;
+        }
+        __syncthreads();
       }
-      __syncthreads();
     }
-    if constexpr (BLOCKS > 1 && CLUSTER) {
+    if constexpr (CLUSTERED) {
       
       float* mine = sm.xs[j & 1];
-      if (t < NV) mine[t] = sm.tot[t];
-      if (g == 0 && t < ND) mine[32 + t] = sm.piv[p0 + t];
+      if (t < NV) {
+        float acc = 0.0f;
+        if constexpr (WARPS == 1) {
+          acc = tot[t];
+        } else {
+#pragma unroll
+          for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
+        }
+        mine[t] = acc;
+      }
+      if (g == 0 && t < ND) mine[32 + t] = piv[p0 + t];
       cluster_sync();
       if (t < NV) {
         float acc = 0.0f;
 #pragma unroll
         for (int q = 0; q < BLOCKS; ++q) acc += load_peer(mine + t, q);
-        sm.tot[t] = acc;
+        tot[t] = acc;
       }
-      if (t < ND) sm.piv[p0 + t] = load_peer(mine + 32 + t, 0);
+      if (t < ND) piv[p0 + t] = load_peer(mine + 32 + t, 0);
       __syncthreads();
     } else if constexpr (BLOCKS > 1) {
       
       float* slot = xch + ((size_t)(b * 2 + (j & 1)) * BLOCKS) * XCH;
-      if (t < NV) slot[g * XCH + t] = sm.tot[t];
-      if (g == 0 && t < ND) slot[32 + t] = sm.piv[p0 + t];
+      if (t < NV) slot[g * XCH + t] = tot[t];
+      if (g == 0 && t < ND) slot[32 + t] = piv[p0 + t];
       __threadfence();
       __syncthreads();
       if (t == 0) {
@@ -209,9 +225,9 @@ struct RowsPanel {
         float acc = 0.0f;
 #pragma unroll
         for (int q = 0; q < BLOCKS; ++q) acc += __ldcg(slot + q * XCH + t);
-        sm.tot[t] = acc;
+        tot[t] = acc;
       }
-      if (t < ND) sm.piv[p0 + t] = __ldcg(slot + 32 + t);
+      if (t < ND) piv[p0 + t] = __ldcg(slot + 32 + t);
       __syncthreads();
     }
   }
@@ -242,19 +258,21 @@ struct RowsPanel {
     if constexpr (J < NB) {
       if (g == 0 && t == J) {
 #pragma unroll
-        for (int k = J; k < NB; ++k) sm.piv[k] = x[0][k];
+        for (int k = J; k < NB; ++k) sm.piv[J & 1][k] = x[0][k];
       }
     }
     if constexpr (ND + NG > 0) {
       reduce<ND + NG, ND>(v, J, J);
-      if (t < NG) sm.gram[t][J - 1] = sm.tot[ND + t];
+      if (t < NG) sm.gram[t][J - 1] = sm.tot[J & 1][ND + t];
     }
     if constexpr (J < NB) {
-      const Reflector f = make_reflector(sm.piv[J], sm.tot[0]);
+      const float* tot = sm.tot[J & 1];
+      const float* piv = sm.piv[J & 1];
+      const Reflector f = make_reflector(piv[J], tot[0]);
       if (t == 0) sm.tau[J] = f.tau;
       float fk[NB];
 #pragma unroll
-      for (int k = J + 1; k < NB; ++k) fk[k] = f.tau * fmaf(f.scale, sm.tot[k - J], sm.piv[k]);
+      for (int k = J + 1; k < NB; ++k) fk[k] = f.tau * fmaf(f.scale, tot[k - J], piv[k]);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s * THREADS;
@@ -270,7 +288,6 @@ struct RowsPanel {
         }
       }
     }
-    if constexpr (J < NB || NG > 0) sync();  // tot and piv are rewritten by the next column
   }
 
   template <int J>
@@ -316,21 +333,20 @@ struct RowsPanel {
     }
     if (g == 0 && t == j) {
 #pragma unroll
-      for (int p = 0; p < NB; ++p) sm.piv[p] = x[0][p];
+      for (int p = 0; p < NB; ++p) sm.piv[j & 1][p] = x[0][p];
     }
     reduce<NB, NB>(v, j, 0);
     if constexpr (TRAIL) {
-      if (t >= NB - j && t < NB - 1) sm.gram[t - (NB - j)][j - 1] = sm.tot[t];
-      if (j == NB) {  // the Gram entries of the last reflector only
-        sync();
-        return;
-      }
+      if (t >= NB - j && t < NB - 1) sm.gram[t - (NB - j)][j - 1] = sm.tot[j & 1][t];
+      if (j == NB) return;  // the Gram entries of the last reflector only
     }
-    const Reflector f = make_reflector(sm.piv[0], sm.tot[0]);
+    const float* tot = sm.tot[j & 1];
+    const float* piv = sm.piv[j & 1];
+    const Reflector f = make_reflector(piv[0], tot[0]);
     if (t == 0) sm.tau[j] = f.tau;
     float fk[NB];
 #pragma unroll
-    for (int p = 1; p < NB; ++p) fk[p] = p < NB - j ? f.tau * fmaf(f.scale, sm.tot[p], sm.piv[p]) : 0.0f;
+    for (int p = 1; p < NB; ++p) fk[p] = p < NB - j ? f.tau * fmaf(f.scale, tot[p], piv[p]) : 0.0f;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s * THREADS;
@@ -350,7 +366,6 @@ struct RowsPanel {
         x[s][NB - 1] = below ? vr : (at ? f.beta : y0);
       }
     }
-    sync();  // tot and piv are rewritten by the next column
   }
 
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
@@ -377,7 +392,11 @@ struct RowsPanel {
     } else {
       steps<0>();
     }
-    if constexpr (BLOCKS > 1 && CLUSTER) cluster_sync();  // no block leaves while another reads its shared memory
+    if constexpr (BLOCKS > 1 && CLUSTER) {
+      cluster_sync();  // no block leaves while another reads its shared memory; G and tau complete
+    } else {
+      sync();  // G and tau complete
+    }
 
     if constexpr (TRAIL) {
       // T of the compact WY form, H_0 ... H_{NB-1} = I - V T V^T (LAPACK slarft, forward, columnwise):
