@@ -475,8 +475,9 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
 def default_loop(problem: Problem) -> bool:
     """Column loops (Panel.loop) for the warp and rows panels where more matrices than LANES_MAX_BATCH share the
     SMs: blocks at different columns then compete for the instruction cache. Measured on the H200 (BENCHMARKS.md,
-    fifth session, `qrgen bench --profile`): 640 x 512² panel kernels 5.76 -> 4.06 ms; with one matrix or a few,
-    no gain (8-block clusters 2.75 -> 2.89 µs per column, 8 x 2048² 5.12 -> 6.09 ms, 60 x 1024² 3.35 -> 3.19)."""
+    fifth session, `qrgen bench --profile`): 640 x 512² panel kernels 5.76 -> 4.06 ms; with fewer matrices a loss
+    or a small gain (8-block clusters 2.75 -> 2.89 µs per column, 8 x 2048² 5.12 -> 6.09 ms; 60 x 1024² 3.35 ->
+    3.19, which its tuned schedule takes)."""
     return problem.batch > LANES_MAX_BATCH
 
 
