@@ -180,12 +180,12 @@ def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:
 
 def _name(key: tuple) -> str:
     variant, width, threads, blocks, slots, vec, trail, slice_, _, cluster, loop = key
-    trail = ("_trail" if trail else "") + ("_loop" if loop else "")
+    suffix = ("_trail" if trail else "") + ("_loop" if loop else "")
     if variant == "cols":
-        return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{trail}"
+        return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{suffix}"
     if variant == "lanes":
-        return f"qr_lanes_w{width}_t{threads}_s{slots}{trail}"
-    return f"qr_{variant}_w{width}_t{threads}_{'c' if cluster else 'b'}{blocks}_s{slots}_v{vec}{trail}"
+        return f"qr_lanes_w{width}_t{threads}_s{slots}{suffix}"
+    return f"qr_{variant}_w{width}_t{threads}_{'c' if cluster else 'b'}{blocks}_s{slots}_v{vec}{suffix}"
 
 
 def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend: str = "cuda") -> Rendered:

@@ -3,10 +3,8 @@
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
 column slice; rows panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their column
-loop unrolled or not), the aggregate size, how the panels' own
-products run (cuBLAS or the split kernels) and the input
-precision of each trailing-update stage. Points the resource
-model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
+loop unrolled or not), the aggregate size, how the panels' own products run (cuBLAS or the split kernels) and the
+input precision of each trailing-update stage. Points the resource model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
 without a GPU the cost model's estimate; the constraint is that a batch of
 every stress family at that shape passes the gates with margin (factor <= 10, orthogonality <= 50), checked on
 the GPU, or without one by the NumPy reference in float32 with the schedule's rounding. A trial that fails
