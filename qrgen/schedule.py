@@ -197,7 +197,7 @@ class Schedule:
         elif panel.variant == "lanes":
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
         else:
-            cluster_words = 128 if panel.cluster else 0
+            cluster_words = 64 * (panel.blocks + 1) + 4 if panel.cluster else 0  # receive buffers, mbarriers
             # panel_rows.cuh.j2's Shared: red, tot and piv by parity, G and T (rows padded), tau, the cluster's xs
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96 + cluster_words)
         return PanelResources(rows, slots, regs, cap, smem)
