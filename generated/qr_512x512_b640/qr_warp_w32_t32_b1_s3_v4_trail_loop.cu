@@ -107,6 +107,11 @@ __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsi
 
 
 
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+
 __device__ __forceinline__ void flag_arrive(unsigned* flag) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
 }
@@ -140,12 +145,6 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
     *dst = src[0];
   }
 }
-
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
           bool CLUSTER, bool LOOP>
