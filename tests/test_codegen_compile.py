@@ -161,6 +161,7 @@ LANES_SCHEDULES = [
     _lanes_schedule(257, 33, 32, 24),
     _lanes_schedule(4096, 64, 32, 32, blocks=8),
     _lanes_schedule(1000, 300, 32, 8, aggregate=128, blocks=4),
+    _lanes_schedule(10, 100, 32, 8, blocks=2),  # a wide matrix: one warp in each of two blocks
 ]
 
 

@@ -205,7 +205,7 @@ struct LanesPanel {
         for (int w = 0; w < WARPS; ++w) sum += sm.red[buf][w][lane];
 #pragma unroll
         for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[buf][g][lane], sum, &sm.bar[buf], q);
-        if (j / RB == g) {
+        if (j / RB == g) {  // the block holding row j (a panel is never wider than its rows, so one does)
           const float p0 = sm.piv[buf][lane];
 #pragma unroll
           for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[buf][BLOCKS][lane], p0, &sm.bar[buf], q);
