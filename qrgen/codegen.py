@@ -142,7 +142,7 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
             nc, v_row, v_ld, v_bs = agg.a1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
         trail = nc > 0 or (agg is not None and agg.nc > 0)
         if panel.variant == "lanes":
-            slots = math.ceil(rows / (panel.threads // 32))
+            slots = math.ceil(rows / (panel.blocks * panel.threads // 32))
             vec = 1
             shared = 0
         elif panel.variant == "cols":
@@ -184,7 +184,7 @@ def _name(key: tuple) -> str:
     if variant == "cols":
         return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{suffix}"
     if variant == "lanes":
-        return f"qr_lanes_w{width}_t{threads}_s{slots}{suffix}"
+        return f"qr_lanes_w{width}_t{threads}{f'_c{blocks}' if cluster else ''}_s{slots}{suffix}"
     return f"qr_{variant}_w{width}_t{threads}_{'c' if cluster else 'b'}{blocks}_s{slots}_v{vec}{suffix}"
 
 

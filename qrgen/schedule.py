@@ -49,7 +49,8 @@ class Panel:
     variant "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
                     turn as producer of those reflectors (published to shared memory, one mbarrier each).
     variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
-                    ranges (threads a multiple of 32); the loop over columns is not unrolled.
+                    ranges (threads a multiple of 32); the loop over columns is not unrolled. With cluster=True
+                    (2 to 8 blocks) the blocks of one cluster share the rows.
     loop (warp and rows): the loop over columns is not unrolled either (registers rotate by one column per step:
                     small code at about 1.6x the arithmetic; pays where several blocks share an SM's instruction
                     cache, measured on the H200 at 640 x 512²).
@@ -72,8 +73,8 @@ class Panel:
             if not isinstance(self.threads, int) or self.threads % 32 or not 32 <= self.threads <= 1024:
                 raise ValueError(f"Panel.threads must be a multiple of 32 from 32 to 1024 for variant 'lanes', "
                                  f"got {self.threads!r}")
-            if self.blocks != 1:
-                raise ValueError("Panel variant 'lanes' takes blocks=1")
+            if self.blocks != 1 and not self.cluster:
+                raise ValueError("Panel variant 'lanes' takes blocks=1, or 2 to 8 blocks with cluster=True")
         elif self.variant != "cols" and self.threads not in THREADS:
             raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
         if not isinstance(self.blocks, int) or self.blocks < 1:
@@ -95,9 +96,9 @@ class Panel:
             raise ValueError(f"Panel.slice applies to variant 'cols' only; got slice={self.slice} for {self.variant!r}")
         if not isinstance(self.cluster, bool):
             raise ValueError(f"Panel.cluster must be a bool, got {self.cluster!r}")
-        if self.cluster and (self.variant != "rows" or not 2 <= self.blocks <= MAX_CLUSTER):
-            raise ValueError(f"Panel.cluster takes variant 'rows' with 2 to {MAX_CLUSTER} blocks; got variant "
-                             f"{self.variant!r} with {self.blocks} block(s)")
+        if self.cluster and (self.variant not in ("rows", "lanes") or not 2 <= self.blocks <= MAX_CLUSTER):
+            raise ValueError(f"Panel.cluster takes variant 'rows' or 'lanes' with 2 to {MAX_CLUSTER} blocks; got "
+                             f"variant {self.variant!r} with {self.blocks} block(s)")
         if not isinstance(self.loop, bool):
             raise ValueError(f"Panel.loop must be a bool, got {self.loop!r}")
         if self.loop and self.variant not in LOOP_VARIANTS:
@@ -195,9 +196,10 @@ class Schedule:
 
             smem = cols_shared_bytes(panel.width, slots, self.starts()[index] + panel.width < self.n)
         elif panel.variant == "lanes":
-            smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width)
+            smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width
+                        + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
         else:
-            cluster_words = 128 if panel.cluster else 0
+            cluster_words = 64 * (panel.blocks + 1) + 4 if panel.cluster else 0  # receive buffers, mbarriers
             # panel_rows.cuh.j2's Shared: red, tot and piv by parity, G and T (rows padded), tau, the cluster's xs
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96 + cluster_words)
         return PanelResources(rows, slots, regs, cap, smem)
@@ -358,14 +360,14 @@ def cluster_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_SLOTS
     return None
 
 
-def lanes_panel(rows: int, width: int, slots: int | str = "auto") -> Panel | None:
+def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 1) -> Panel | None:
     """A lanes panel for `rows` x `width` with about `slots` rows per warp (more warps where registers demand),
     or None where even 32 warps cannot hold the rows. "auto": 8 rows per warp up to 256 rows, else 16 (the
-    better of those measured at 176 and 352 rows)."""
+    better of those measured at 176 and 352 rows). blocks > 1: the rows shared by a cluster of that many blocks."""
     if slots == "auto":
         slots = 8 if rows <= 256 else 16
-    for warps in range(min(32, max(1, math.ceil(rows / slots))), 33):
-        panel = Panel(width, "lanes", 32 * warps)
+    for warps in range(min(32, max(1, math.ceil(rows / (blocks * slots)))), 33):
+        panel = Panel(width, "lanes", 32 * warps, blocks, cluster=blocks > 1)
         if _fits(rows, panel):
             return panel
     return None
@@ -378,7 +380,7 @@ def _registers(panel: Panel, rows: int) -> tuple[int, int, int]:
         slots = math.ceil(rows / 32)
         return slots, slots * (panel.slice + 1) + panel.slice + REG_OVERHEAD["cols"], cap
     if panel.variant == "lanes":
-        slots = math.ceil(rows / (panel.threads // 32))
+        slots = math.ceil(rows / (panel.blocks * panel.threads // 32))
         # the column's entries, the broadcast column j (the product (V T)^T: a third array)
         return slots, 3 * slots + REG_OVERHEAD["lanes"], cap
     slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)

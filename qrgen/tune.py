@@ -2,9 +2,10 @@
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
-column slice; rows panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their column
-loop unrolled or not), the aggregate size, how the panels' own products run (cuBLAS or the split kernels) and the
-input precision of each trailing-update stage. Points the resource model rejects never compile. The objective is the median time measured on the GPU (CUDA-graph replays), or
+column slice; rows and lanes panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their
+column loop unrolled or not), the aggregate size, how the panels' own products run (cuBLAS or the split kernels)
+and the input precision of each trailing-update stage. Points the resource model rejects never compile. The
+objective is the median time measured on the GPU (CUDA-graph replays), or
 without a GPU the cost model's estimate; the constraint is that a batch of
 every stress family at that shape passes the gates with margin (factor <= 10, orthogonality <= 50), checked on
 the GPU, or without one by the NumPy reference in float32 with the schedule's rounding. A trial that fails
@@ -60,7 +61,7 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
               "loop": c.loop,
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
     if problem.batch <= LANES_MAX_BATCH and not c.cluster:
-        params.update(family="lanes", lanes_head=32, lane_slots="auto")
+        params.update(family="lanes", lanes_head=32, lane_slots="auto", lanes_cluster=0)
         del params["rows_head"], params["cluster"]
     return params
 
@@ -119,7 +120,8 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
         elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
             width = min(params[f"lanes_{phase}"], remaining)
-            panel = lanes_panel(rows, width, params["lane_slots"]) or default_panel(rows, remaining)
+            blocks = params.get("lanes_cluster", 0) or 1
+            panel = lanes_panel(rows, width, params["lane_slots"], blocks) or default_panel(rows, remaining)
         elif family == "cols":
             width = min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
@@ -154,6 +156,7 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["loop"] = trial.suggest_categorical("loop", LOOPS)
     if params["family"] == "lanes":
         params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
+        params["lanes_cluster"] = trial.suggest_categorical("lanes_cluster", CLUSTERS)
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
     params["panel_update"] = trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
@@ -302,7 +305,8 @@ def _variations(problem: Problem) -> list[dict]:
     sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split): the NumPy reference with
     tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate 20, tuning
     margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
-    precisions), then clusters of 8 with fewer rows per thread; where the default has clusters, the default
+    precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows
+    per warp); where the default has clusters, the default
     without them; where it has warp or rows panels, the other column loop."""
     params = default_params(problem)
     found = []
@@ -314,6 +318,9 @@ def _variations(problem: Problem) -> list[dict]:
         found += [{**rows, "cluster": c} for c in (8, 4) if c != params.get("cluster")]
         found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
                   if slots != CLUSTER_SLOTS]
+        lanes = {key: rows[key] for key in ("split", "aggregate", "panel_update", *STAGES)}
+        found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8}
+                  for slots in (16, 32)]
     if params.get("cluster"):
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):

@@ -1,4 +1,5 @@
 """No-GPU layer: rendering, the cache key, NVRTC to sm_90 cubin, and the committed schedules' kernels."""
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     first = codegen.render_all(s)
     assert [r.source for r in first] == [r.source for r in codegen.render_all(s)]
     src = first[0].source
-    assert "Do not edit" in src and "panel_lanes<176, 176, 176, 8, 32, 704, true>" in src
+    assert "Do not edit" in src and "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false>" in src
     rows = codegen.render_all(default_schedule(Problem(176, 176, 640)))[0].source  # past two blocks per SM: rows
     assert "panel_rows<176, 176, 176," in rows
 
@@ -137,14 +138,15 @@ def test_cols_shared_memory_budget_is_checked():
         Schedule(288, 288, (Panel(128, "cols", 512, 1, 8), Panel(128, "cols", 512, 1, 8), Panel(32, "warp", 32)))
 
 
-def _lanes_schedule(m, n, width, slots, aggregate=0):
-    """Lanes panels (about `slots` rows per warp) of `width` columns, not straddling aggregates."""
+def _lanes_schedule(m, n, width, slots, aggregate=0, blocks=1):
+    """Lanes panels (about `slots` rows per warp) of `width` columns, not straddling aggregates; blocks > 1: on
+    clusters of that many blocks."""
     from qrgen.schedule import lanes_panel
 
     k, panels, col = min(m, n), [], 0
     while col < k:
         end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
-        panel = lanes_panel(m - col, min(width, end - col), slots)
+        panel = lanes_panel(m - col, min(width, end - col), slots, blocks)
         panels.append(panel)
         col += panel.width
     return Schedule(m, n, tuple(panels), aggregate=aggregate)
@@ -157,6 +159,9 @@ LANES_SCHEDULES = [
     _lanes_schedule(300, 200, 32, 48, aggregate=64),
     _lanes_schedule(33, 257, 8, 8),
     _lanes_schedule(257, 33, 32, 24),
+    _lanes_schedule(4096, 64, 32, 32, blocks=8),
+    _lanes_schedule(1000, 300, 32, 8, aggregate=128, blocks=4),
+    _lanes_schedule(10, 100, 32, 8, blocks=2),  # a wide matrix: one warp in each of two blocks
 ]
 
 
@@ -196,6 +201,25 @@ def test_lanes_panels_and_gram_precision():
         Panel(32, "lanes", 48)
     with pytest.raises(ValueError, match="registers"):
         Schedule(2000, 32, (Panel(32, "lanes", 1024),))
+
+
+def test_lanes_panels_on_clusters():
+    """Lanes panels whose rows a cluster of blocks shares: validated, named apart, slots counted over the blocks,
+    the cluster launch attribute and the exchange through the blocks' shared memory in the source."""
+    schedule = LANES_SCHEDULES[6]
+    panel = schedule.panels[0]
+    assert (panel.variant, panel.threads, panel.blocks, panel.cluster) == ("lanes", 512, 8, True)
+    kernels, launches = codegen.plan(schedule)
+    assert kernels[0].name == "qr_lanes_w32_t512_c8_s32_trail" and kernels[0].slots == 32
+    assert all(L.cluster and L.blocks == 8 for L in launches)
+    source = codegen.render(schedule, kernels[0]).source
+    assert "__cluster_dims__(8, 1, 1)" in source and "push_peer(&sm.xr[buf][g][lane], sum" in source
+    assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true>" in source
+    assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
+    with pytest.raises(ValueError, match="blocks=1, or 2 to 8 blocks with cluster=True"):
+        Panel(32, "lanes", 512, 8)
+    with pytest.raises(ValueError, match="Panel.cluster"):
+        Panel(32, "lanes", 512, 16, cluster=True)
 
 
 @needs_nvrtc

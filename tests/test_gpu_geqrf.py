@@ -165,10 +165,10 @@ def test_cli_build_then_import(tmp_path):
     assert check(a, h, tau).ok
 
 
-@pytest.mark.parametrize("variant,index", [("cols", i) for i in range(4)] + [("lanes", i) for i in range(6)])
+@pytest.mark.parametrize("variant,index", [("cols", i) for i in range(4)] + [("lanes", i) for i in range(9)])
 def test_block_variants_every_family(variant, index):
     """The cols panel kernel (warps own column slices, mbarrier per reflector) and the lanes panel kernel (lane c
-    owns column c, warps own row ranges) through explicit schedules."""
+    owns column c, warps own row ranges; the last three on clusters of 8, 4 and 2 blocks) through explicit schedules."""
     import cupy
 
     from qrgen.runtime import Factorizer

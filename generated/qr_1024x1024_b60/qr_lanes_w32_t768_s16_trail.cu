@@ -69,6 +69,49 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
 }
 
 
+__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
+  unsigned remote, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(remote), "r"(__float_as_uint(v)), "r"(rbar) : "memory");
+}
+
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+
+
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+
 __device__ __forceinline__ void flag_arrive(unsigned* flag) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
 }
@@ -103,10 +146,12 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL>
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER>
 struct LanesPanel {
   static constexpr int WARPS = THREADS / 32;
+  static constexpr int RB = WARPS * SLOTS;  // rows per block
   static_assert(NB <= 32, "a lanes panel is at most 32 columns wide");
+  static_assert(BLOCKS == 1 || CLUSTER, "the blocks of a lanes panel form a cluster");
 
   struct Shared {
     float red[2][WARPS][32];
@@ -114,12 +159,16 @@ struct LanesPanel {
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
+    // Clusters: by parity of the column, every block's sums and then the pivot row, pushed here by st.async, and
+    // the mbarrier their bytes complete on.
+    float xr[CLUSTER ? 2 : 1][CLUSTER ? BLOCKS + 1 : 1][32];
+    unsigned long long bar[2];
   };
 
   Shared& sm;
   int c0, mp, vld;
   long long vbs;
-  int t, lane, warp, b, row0;
+  int t, lane, warp, b, g, row0;
   float x[SLOTS];
 
   __device__ __forceinline__ void sync() {
@@ -143,7 +192,31 @@ struct LanesPanel {
       if (r == j) pv = x[s];
     }
     float tot = (p[0] + p[1]) + (p[2] + p[3]);
-    if constexpr (WARPS > 1) {
+    if constexpr (CLUSTER) {
+      
+      const int buf = j & 1;
+      sm.red[buf][warp][lane] = tot;
+      if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
+      __syncthreads();
+      if (t == 0) mbar_arrive_expect(&sm.bar[buf], 4u * 32u * (BLOCKS + 1));
+      if (warp == 0) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) sum += sm.red[buf][w][lane];
+#pragma unroll
+        for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[buf][g][lane], sum, &sm.bar[buf], q);
+        if (j / RB == g) {  // the block holding row j (a panel is never wider than its rows, so one does)
+          const float p0 = sm.piv[buf][lane];
+#pragma unroll
+          for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[buf][BLOCKS][lane], p0, &sm.bar[buf], q);
+        }
+      }
+      mbar_wait(&sm.bar[buf], (unsigned)(j >> 1) & 1u);
+      tot = 0.0f;
+#pragma unroll
+      for (int q = 0; q < BLOCKS; ++q) tot += sm.xr[buf][q][lane];
+      pv = sm.xr[buf][BLOCKS][lane];
+    } else if constexpr (WARPS > 1) {
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
@@ -187,11 +260,23 @@ struct LanesPanel {
       const int r = row0 + s;
       x[s] = (mine && r < mp) ? sb[(size_t)r * N] : 0.0f;
     }
+    if constexpr (CLUSTER) {
+      if (t == 0) {
+        mbar_init(&sm.bar[0], 1);
+        mbar_init(&sm.bar[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      }
+      cluster_sync();  // every block's mbarriers are initialized before any block pushes
+    }
 #pragma unroll 1
     for (int j = 0; j < NB; ++j) column(j);
-    sync();  // tau (and G) complete
+    if constexpr (CLUSTER) {
+      cluster_sync();  // no block leaves while another reads its shared memory; tau (and G) complete
+    } else {
+      sync();  // tau (and G) complete
+    }
 
-    if (t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
+    if (g == 0 && t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s;
@@ -235,20 +320,22 @@ struct LanesPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL>
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER>
 __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float* __restrict__ h,
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                             int c0, int mp, int vld, long long vbs) {
-  using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL>;
+  using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER>;
   __shared__ typename P::Shared sm;
   const int t = threadIdx.x;
-  P panel{sm, c0, mp, vld, vbs, t, t & 31, t >> 5, (int)blockIdx.x, (t >> 5) * SLOTS};
+  const int b = blockIdx.x / BLOCKS;
+  const int g = blockIdx.x - b * BLOCKS;
+  P panel{sm, c0, mp, vld, vbs, t, t & 31, t >> 5, b, g, g * P::RB + (t >> 5) * SLOTS};
   panel.run(src, h, tau, vt, zt);
 }
 
 extern "C" __global__ void __launch_bounds__(768, 1)
 qr_lanes_w32_t768_s16_trail(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
-  panel_lanes<1024, 1024, 1024, 16, 32, 768, true>(
+  panel_lanes<1024, 1024, 1024, 16, 32, 768, true, 1, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

@@ -69,6 +69,49 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
 }
 
 
+__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
+  unsigned remote, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(remote), "r"(__float_as_uint(v)), "r"(rbar) : "memory");
+}
+
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+
+
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+
 __device__ __forceinline__ void flag_arrive(unsigned* flag) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
 }
@@ -103,20 +146,6 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ float load_peer(const float* p, unsigned rank) {
-  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
-  unsigned remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
           bool CLUSTER, bool LOOP>
 struct RowsPanel {
@@ -132,7 +161,10 @@ struct RowsPanel {
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
-    float xs[CLUSTER ? 2 : 1][CLUSTER ? XCH : 1];  // this block's partial sums (and block 0's pivot row), by parity
+    // Clusters: by parity of the column, every block's partial sums and then block 0's pivot row, pushed here by
+    // st.async, and the mbarrier their bytes complete on.
+    float xr[CLUSTER ? 2 : 1][CLUSTER ? BLOCKS + 1 : 1][32];
+    unsigned long long bar[2];
   };
 
   Shared& sm;
@@ -185,7 +217,8 @@ struct RowsPanel {
     }
     if constexpr (CLUSTERED) {
       
-      float* mine = sm.xs[j & 1];
+      const int par = j & 1;
+      if (t == 0) mbar_arrive_expect(&sm.bar[par], 4u * (BLOCKS * NV + ND));
       if (t < NV) {
         float acc = 0.0f;
         if constexpr (WARPS == 1) {
@@ -194,17 +227,24 @@ struct RowsPanel {
 #pragma unroll
           for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
         }
-        mine[t] = acc;
-      }
-      if (g == 0 && t < ND) mine[32 + t] = piv[p0 + t];
-      cluster_sync();
-      if (t < NV) {
-        float acc = 0.0f;
 #pragma unroll
-        for (int q = 0; q < BLOCKS; ++q) acc += load_peer(mine + t, q);
-        tot[t] = acc;
+        for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[par][g][t], acc, &sm.bar[par], q);
       }
-      if (t < ND) piv[p0 + t] = load_peer(mine + 32 + t, 0);
+      if (g == 0 && t < ND) {
+        const float pv = piv[p0 + t];
+#pragma unroll
+        for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[par][BLOCKS][t], pv, &sm.bar[par], q);
+      }
+      if (t < 32) {
+        mbar_wait(&sm.bar[par], (unsigned)(j >> 1) & 1u);
+        if (t < NV) {
+          float acc = 0.0f;
+#pragma unroll
+          for (int q = 0; q < BLOCKS; ++q) acc += sm.xr[par][q][t];
+          tot[t] = acc;
+        }
+        if (t < ND) piv[p0 + t] = sm.xr[par][BLOCKS][t];
+      }
       __syncthreads();
     } else if constexpr (BLOCKS > 1) {
       
@@ -385,6 +425,14 @@ struct RowsPanel {
           for (int e = 0; e < VEC; ++e) x[s][k + e] = 0.0f;
         }
       }
+    }
+    if constexpr (BLOCKS > 1 && CLUSTER) {
+      if (t == 0) {
+        mbar_init(&sm.bar[0], 1);
+        mbar_init(&sm.bar[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      }
+      cluster_sync();  // every block's mbarriers are initialized before any block pushes
     }
     if constexpr (LOOP) {
 #pragma unroll 1
