@@ -183,13 +183,23 @@ struct LanesPanel {
     float v[SLOTS];
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float pv = 0.0f;  // this lane's entry in row j (held by the warp that owns row j)
+    // A warp whose rows are all below row j (all but the first few, since j < 32) takes the branch without the
+    // per-slot masks; the branch is uniform over the warp.
+    // (The shuffles stay outside the branch: inside one the compiler wraps them in convergence code.)
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = row0 + s;
-      const float xj = __shfl_sync(QR_FULL_MASK, x[s], j);
-      v[s] = r > j ? xj : 0.0f;
-      p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
-      if (r == j) pv = x[s];
+    for (int s = 0; s < SLOTS; ++s) v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+    const bool below_all = row0 > j;
+    if (below_all) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
+    } else {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = row0 + s;
+        v[s] = r > j ? v[s] : 0.0f;
+        p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
+        if (r == j) pv = x[s];
+      }
     }
     float tot = (p[0] + p[1]) + (p[2] + p[3]);
     if constexpr (CLUSTER) {
@@ -240,12 +250,17 @@ struct LanesPanel {
     const float ws = w * f.scale;
     // Selects, not branches: every slot's three cases (below, at, above row j) in straight-line code.
     const float at = me ? f.beta : (right ? pv - w : 0.0f);
+    if (below_all) {
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = row0 + s;
-      const float below = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
-      const float here = (me || right) ? at : x[s];
-      x[s] = r > j ? below : (r == j ? here : x[s]);
+      for (int s = 0; s < SLOTS; ++s) x[s] = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
+    } else {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = row0 + s;
+        const float below = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
+        const float here = (me || right) ? at : x[s];
+        x[s] = r > j ? below : (r == j ? here : x[s]);
+      }
     }
   }
 
