@@ -91,9 +91,11 @@ class Factorizer:
         self.kernels, self.launches = codegen.plan(schedule)
         self.aggregates = codegen.aggregates(schedule)
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
-        # A one-panel schedule reads the input directly (no copy first) when it is aligned for the kernel's loads.
+        # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
+        # is aligned for the kernel's loads; a wide one (m < n) needs those columns in h before its update.
         vec = {k.name: k.vec for k in self.kernels}
-        self._direct_vec = vec[self.launches[0].kernel] if len(self.launches) == 1 else 0
+        direct = len(self.launches) == 1 and self.launches[0].nc == 0
+        self._direct_vec = vec[self.launches[0].kernel] if direct else 0
         self._functions: dict[int, dict] = {}  # device id -> kernel name -> (module, function)
         self._lock = threading.Lock()
         self.binaries: list[Binary] = []

@@ -58,6 +58,15 @@ def test_tall_and_wide(m, n):
     assert result.ok, f"{m}x{n} {labels}: {result}"
 
 
+@pytest.mark.parametrize("m,n", [(1, 64), (10, 100), (20, 33), (32, 200), (31, 32)])
+def test_wide_one_panel_every_family(m, n):
+    """Wide matrices whose default is a single panel with columns right of it: those columns reach h before the
+    panel's update (a one-panel schedule reads the input directly only when nothing lies right of its panel)."""
+    a, labels = mixed(m, n, 2 * len(FAMILIES), seed=m * n)
+    result = _geqrf_checked(a)
+    assert result.ok, f"{m}x{n} {labels}: {result}"
+
+
 @pytest.mark.parametrize("batch", [1, 7, 133, 640])
 def test_batches_mixed(batch):
     a, labels = mixed(32, 32, batch, seed=batch)

@@ -150,3 +150,14 @@ def test_find_in_fp32_keeps_the_panels():
                  lambda: qrgen.qr(np.ones((2, 4, 4), np.float32), precision="bf16")):
         with pytest.raises(ValueError, match="precision must be None"):
             call()
+
+
+@pytest.mark.parametrize("m,n,direct", [(10, 100, False), (32, 200, False), (1, 64, False), (32, 32, True),
+                                        (100, 8, True), (64, 64, False)])
+def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n, direct):
+    """A one-panel schedule may read the caller's array in place of a copy into h, but only if no columns lie
+    right of the panel (a wide matrix's trailing columns must be in h before the panel's update)."""
+    from qrgen.runtime import Factorizer
+
+    fac = Factorizer(m, n, default_schedule(Problem(m, n, 4)), "sm_90")
+    assert (fac._direct_vec > 0) == direct

@@ -507,6 +507,6 @@ __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(128, 1) __cluster_dims__(8, 1, 1)
 qr_rows_w32_t128_c8_s1_v4_trail(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
-  panel_rows<4096, 4096, 4096, 1, 32, 128, 8, 4, 0, true, true, false>(
+  panel_rows<4096, 4096, 4096, 1, 32, 128, 8, 4, 3, true, true, false>(
       src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs);
 }
