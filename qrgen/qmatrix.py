@@ -34,6 +34,29 @@ def _matmul(xp, a, b):
     return matmul(a, b)
 
 
+def _sub_matmul(xp, c, a, b):
+    """c -= a @ b in place (c a view of a larger array is updated where it lies); on the GPU one cuBLAS call with
+    beta 1 for float32 row-major c, no temporary and no separate subtraction."""
+    if xp is np or c.dtype != xp.float32 or c.strides[2] != c.itemsize or c.strides[1] < c.shape[2] * c.itemsize:
+        c -= _matmul(xp, a, b)
+        return
+    from .cublas import _operand, gemm
+
+    a, ta, lda, sa = _operand(a)
+    b, tb, ldb, sb = _operand(b)
+    if c.size and a.shape[2]:
+        gemm(c.device.id, xp.cuda.get_current_stream().ptr, ta, tb, c.shape[1], c.shape[2], a.shape[2], -1.0,
+             a.data.ptr, lda, sa, b.data.ptr, ldb, sb, 1.0, c.data.ptr, c.strides[1] // c.itemsize,
+             c.strides[0] // c.itemsize, c.shape[0], "fp32")
+
+
+def _set_diagonal(x, value) -> None:
+    """x[:, i, i] = value for i < min of the last two dimensions, through a strided view of the C-contiguous
+    (batch, r, c) array x: one fill, where an index array would scatter."""
+    batch, r, c = x.shape
+    x.reshape(batch, r * c)[:, ::c + 1][:, :min(r, c)] = value
+
+
 def _tmatrix(xp, gram, tau):
     if xp is np or tau.dtype != xp.float32:
         from .reference import _tmatrix as tmatrix
@@ -54,16 +77,15 @@ def blocks(m: int, n: int, block: int = BLOCK) -> list[tuple[int, int]]:
 
 def _wy(xp, h, tau, c0: int, w: int):
     """V (batch, m - c0, w) and T (batch, w, w) of the reflectors c0 .. c0 + w - 1."""
-    v = xp.tril(h[:, c0:, c0:c0 + w], -1)
-    diag = xp.arange(w)
-    v[:, diag, diag] = 1
+    v = xp.tril(h[:, c0:, c0:c0 + w], -1)  # a new C-contiguous array
+    _set_diagonal(v, 1)
     t = _tmatrix(xp, _matmul(xp, v.transpose(0, 2, 1), v), xp.ascontiguousarray(tau[:, c0:c0 + w]))
     return v, t
 
 
 def _left(xp, part, v, tt):
-    """part - V op(T) V^T part: one block applied from the left."""
-    return part - _matmul(xp, v, _matmul(xp, tt, _matmul(xp, v.transpose(0, 2, 1), part)))
+    """part -= V op(T) V^T part, in place: one block applied from the left."""
+    _sub_matmul(xp, part, v, _matmul(xp, tt, _matmul(xp, v.transpose(0, 2, 1), part)))
 
 
 def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BLOCK):
@@ -80,13 +102,11 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BL
     for c0, w in (order if forward else order[::-1]):
         v, t = _wy(xp, h, tau, c0, w)
         if side == "L":  # C[c0:] -= V op(T) V^T C[c0:]
-            part = out[:, c0:, :]
-            tt = t.transpose(0, 2, 1) if transpose else t
-            out[:, c0:, :] = _left(xp, part, v, tt)
+            _left(xp, out[:, c0:, :], v, t.transpose(0, 2, 1) if transpose else t)
         else:  # C[:, c0:] -= C[:, c0:] V op(T) V^T, with op(T) = T for C Q and T^T for C Q^T
             part = out[:, :, c0:]
             tt = t.transpose(0, 2, 1) if transpose else t
-            out[:, :, c0:] = part - _matmul(xp, _matmul(xp, _matmul(xp, part, v), tt), v.transpose(0, 2, 1))
+            _sub_matmul(xp, part, _matmul(xp, _matmul(xp, part, v), tt), v.transpose(0, 2, 1))
     return out
 
 
@@ -99,11 +119,10 @@ def householder_product(h, tau, complete: bool = False, block: int = BLOCK):
     batch, m, n = h.shape
     cols = m if complete else min(m, n)
     q = xp.zeros((batch, m, cols), dtype=h.dtype)
-    diag = xp.arange(min(m, cols))
-    q[:, diag, diag] = 1
+    _set_diagonal(q, 1)
     for c0, w in blocks(m, n, block)[::-1]:
         v, t = _wy(xp, h, tau, c0, w)
-        q[:, c0:, c0:] = _left(xp, q[:, c0:, c0:], v, t)
+        _left(xp, q[:, c0:, c0:], v, t)
     return q
 
 

@@ -60,6 +60,8 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop,
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
+    if c.cluster:
+        params["cluster_slots"] = CLUSTER_SLOTS
     if problem.batch <= LANES_MAX_BATCH and not c.cluster:
         params.update(family="lanes", lanes_head=32, lane_slots="auto", lanes_cluster=0)
         del params["rows_head"], params["cluster"]
@@ -315,11 +317,11 @@ def _variations(problem: Problem) -> list[dict]:
         found.append({**params, "project": other, "update": other, "panel_update": "split"})
     if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
         rows = {**DEFAULT_PARAMS, **{key: params[key] for key in ("aggregate", "panel_update", *STAGES)}}
-        found += [{**rows, "cluster": c} for c in (8, 4) if c != params.get("cluster")]
+        found += [{**rows, "cluster": c, "cluster_slots": CLUSTER_SLOTS} for c in (8, 4) if c != params.get("cluster")]
         found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
                   if slots != CLUSTER_SLOTS]
         lanes = {key: rows[key] for key in ("split", "aggregate", "panel_update", *STAGES)}
-        found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8}
+        found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8, "loop": False}
                   for slots in (16, 32)]
     if params.get("cluster"):
         found.append(default_params(problem, clustered=False))
