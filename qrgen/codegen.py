@@ -1,6 +1,7 @@
 """Rendering: (Problem, Target, Schedule) -> kernel source and the launch table that goes with it."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +38,7 @@ class KernelSpec:
     columns: tuple[int, ...]  # first columns of the panels that use it
     cluster: bool = False  # the blocks of a matrix form one thread-block cluster
     loop: bool = False  # warp and rows: the loop over columns is not unrolled (Panel.loop)
+    formq: bool = False  # lanes: writes Q and R (qrgen.qr, mode "reduced") instead of h and tau (fused_q_kernel)
 
 
 @dataclass(frozen=True)
@@ -163,12 +165,27 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
                                v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster))
     kernels = [KernelSpec(_name(key), *key[:-2], columns=tuple(cols), cluster=key[-2], loop=key[-1])
                for key, cols in keys.items()]
+    fused = fused_q_kernel(kernels, launches)
+    if fused is not None:
+        kernels.append(fused)
     if schedule.panel_update == "split":
         widths = sorted({L.width for L in launches if L.nc > 0})
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
     if any(a.nc > 0 for a in aggs):
         kernels.append(tmat_kernel())
     return tuple(kernels), tuple(launches)
+
+
+def fused_q_kernel(kernels, launches) -> KernelSpec | None:
+    """For a schedule of one lanes panel on one block with nothing right of it (m >= n, n <= 32): the same kernel
+    writing Q (m x n) and R (n x n) of qr's reduced mode in one launch, from G, T and V in registers and shared
+    memory, instead of geqrf's h and tau followed by Q's blocked products. None for other schedules."""
+    if len(launches) != 1 or launches[0].nc or launches[0].cluster:
+        return None
+    (kernel,) = [k for k in kernels if k.name == launches[0].kernel]
+    if kernel.variant != "lanes":
+        return None
+    return dataclasses.replace(kernel, name=kernel.name + "_q", formq=True, columns=())
 
 
 def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:

@@ -101,7 +101,12 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
     _check_shape(m, n, factorizer)
     lead = data.shape[:-2]
     batch = math.prod(lead)
-    h, tau = factor_device(_factorizer(m, n, batch, data.device.id, factorizer, precision), arr)
+    fac = _factorizer(m, n, batch, data.device.id, factorizer, precision)
+    if mode == "reduced" and fac is not None and fac.fused_q is not None:  # Q and R in one launch
+        with on_caller_stream(arr) as stream:
+            q, r = fac.run_qr(data.reshape(batch, m, n), stream)
+        return arr.wrap(q.reshape(*lead, m, n)), arr.wrap(r.reshape(*lead, n, n))
+    h, tau = factor_device(fac, arr)
     if mode == "raw":
         return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
     with on_caller_stream(arr):

@@ -169,6 +169,29 @@ class Factorizer:
         cupy.cuda.get_current_stream().synchronize()
         return stages
 
+    @property
+    def fused_q(self) -> "codegen.KernelSpec | None":
+        """The kernel that writes qr's reduced Q and R in one launch, where the schedule has one (one lanes panel
+        on one block, nothing right of it: codegen.fused_q_kernel)."""
+        return next((k for k in self.kernels if k.formq), None)
+
+    def run_qr(self, a, stream):
+        """(q (batch, m, n), r (batch, n, n)) of qr's reduced mode by the fused kernel, for a (batch, m, n) CuPy array
+        on `stream`; a is left as it is."""
+        import cupy
+
+        spec = self.fused_q
+        _, func = self._load(a.device.id)[spec.name]
+        batch, L = a.shape[0], self.launches[0]
+        src = a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+        q = cupy.empty((batch, self.m, self.n), dtype=cupy.float32)
+        r = cupy.empty((batch, self.n, self.n), dtype=cupy.float32)
+        null = np.uint64(0)
+        # the panel kernels' parameters (_PANEL_PARAMS): R where h goes, Q where (VT)^T goes, no tau
+        func((batch,), (L.threads,), (src, r, null, null, q, null, null, np.uint32(0), np.int32(0),
+                                      np.int32(L.rows), np.int32(L.v_ld), np.int64(L.v_bs)), stream=stream)
+        return q, r
+
     def run(self, a, stream, skip=()):
         """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is. `skip`:
         stages left out, for timing by difference (qrgen.bench.stage_times); the result is then wrong."""

@@ -2,7 +2,7 @@
 instruction histogram, and with --per SASS_OP the instructions between consecutive occurrences of that op (e.g.
 SYNCS.PHASECHK or UCGABAR_WAIT: one per column of a cluster panel) and the makeup of one such stretch.
 
-    python scripts/sass_report.py BATCH,M,N KERNEL [--per OP] [--bin DIR]
+    python scripts/sass_report.py BATCH,M,N KERNEL [--per OP] [--bin DIR] [--sass FILE]
 
 KERNEL is a name `qrgen build --no-compile` writes (generated/qr_<m>x<n>_b<batch>/<KERNEL>.cu) for the shape's
 schedule (tuned or default). DIR holds ptxas and nvdisasm (default: $QRGEN_CUDA_BIN, else PATH); without a CUDA
@@ -51,6 +51,7 @@ def main():
     ap.add_argument("kernel")
     ap.add_argument("--per", help="SASS op that marks a stretch (e.g. SYNCS.PHASECHK)")
     ap.add_argument("--bin", default=os.environ.get("QRGEN_CUDA_BIN"))
+    ap.add_argument("--sass", type=Path, help="also write the whole SASS listing to this file")
     args = ap.parse_args()
     batch, m, n = (int(x) for x in args.case.split(","))
     schedule, _ = find(Problem(m, n, batch), Target("cuda", "sm_90"))
@@ -72,6 +73,8 @@ def main():
             raise SystemExit(run.stderr)
         print(run.stderr.strip().splitlines()[-2] if run.stderr.strip() else "")
         sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    if args.sass:
+        args.sass.write_text(sass)
     ops = OP.findall(sass)
     print(f"{args.kernel}: {len(ops)} instructions")
     print(collections.Counter(op.split(".")[0] for op in ops).most_common(30))

@@ -47,7 +47,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     first = codegen.render_all(s)
     assert [r.source for r in first] == [r.source for r in codegen.render_all(s)]
     src = first[0].source
-    assert "Do not edit" in src and "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false>" in src
+    assert "Do not edit" in src and "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false>" in src
     rows = codegen.render_all(default_schedule(Problem(176, 176, 640)))[0].source  # past two blocks per SM: rows
     assert "panel_rows<176, 176, 176," in rows
 
@@ -214,7 +214,7 @@ def test_lanes_panels_on_clusters():
     assert all(L.cluster and L.blocks == 8 for L in launches)
     source = codegen.render(schedule, kernels[0]).source
     assert "__cluster_dims__(8, 1, 1)" in source and "push_peer(&sm.xr[buf][g][lane], sum" in source
-    assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true>" in source
+    assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true, false>" in source
     assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
     with pytest.raises(ValueError, match="blocks=1, or 2 to 8 blocks with cluster=True"):
         Panel(32, "lanes", 512, 8)
@@ -234,4 +234,35 @@ def test_cluster_panel_kernels_compile_without_spills(tmp_path, monkeypatch):
     schedule = Schedule(8192, 96, tuple(panels))
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
     for binary in qcompile.compile_many(items, "sm_90"):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+@pytest.mark.parametrize("m,n,batch,fused", [(32, 32, 20, True), (100, 20, 3, True), (40, 1, 2, True),
+                                             (32, 32, 20000, False), (64, 64, 3, False), (10, 100, 3, False),
+                                             (4096, 32, 1, False)])
+def test_fused_q_kernel_only_for_one_lanes_panel_on_one_block(m, n, batch, fused):
+    """qr's one-launch Q and R: a lanes kernel with FORMQ where the schedule is one lanes panel on one block with no
+    columns right of it (m >= n, n <= 32); nothing extra for other schedules (warp panels, several panels, a wide
+    matrix's trailing columns, clusters)."""
+    schedule = default_schedule(Problem(m, n, batch))
+    kernels, launches = codegen.plan(schedule)
+    q = [k for k in kernels if k.formq]
+    assert bool(q) == fused
+    if fused:
+        (k,) = q
+        assert k.name == launches[0].kernel + "_q" and k.variant == "lanes" and k.width == n
+        source = codegen.render(schedule, k).source
+        assert "true>(\n      src, h, tau, vt, zt" in source  # FORMQ, the last template argument
+
+
+@needs_nvrtc
+def test_fused_q_kernel_compiles_without_spills(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    from qrgen.schedule import lanes_panel
+
+    for m, n in [(100, 20), (250, 32), (400, 32)]:
+        schedule = Schedule(m, n, (lanes_panel(m, n),))
+        items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90") if r.name.endswith("_q")]
+        assert len(items) == 1
+        (binary,) = qcompile.compile_many(items, "sm_90")
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name

@@ -274,6 +274,32 @@ def test_qr_reduced_and_lstsq_every_family(batch, m, n):
                     assert np.abs(x[i] - xn).max() <= 1e-3 * max(1.0, np.abs(xn).max())
 
 
+@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (3, 100, 20), (2, 40, 1), (5, 257, 32), (4, 33, 33)])
+def test_qr_fused_q_kernel_every_family(batch, m, n):
+    """Shapes whose schedule is one lanes panel with nothing right of it: qr (reduced) is one launch writing Q and R;
+    every stress family passes the Q gates, R matches geqrf's, and a non-contiguous input gives the same result."""
+    import cupy
+
+    from qrgen.runtime import device_arch, factorizer_for
+    from test_qmatrix import _q_gates
+
+    assert factorizer_for(m, n, batch, device_arch(0)).fused_q is not None
+    for family in FAMILIES:
+        a = stress(family, m, n, batch, seed=m + n)
+        q, r = qrgen.qr(cupy.asarray(a))
+        assert q.shape == (batch, m, n) and r.shape == (batch, n, n)
+        factor, orth = _q_gates(a, q.get(), r.get())
+        assert (factor <= 20).all() and (orth <= 100).all(), (family, factor.max(), orth.max())
+        h, _ = qrgen.geqrf(cupy.asarray(a))
+        np.testing.assert_allclose(r.get(), np.triu(h.get()[:, :n, :]), rtol=1e-5, atol=1e-6 * max(1.0, abs(a).max()))
+    a = stress("random", m, n, batch, seed=3)
+    wide = cupy.zeros((batch, m, 2 * n), dtype=cupy.float32)
+    wide[:, :, ::2] = cupy.asarray(a)
+    q1, r1 = qrgen.qr(cupy.asarray(a))
+    q2, r2 = qrgen.qr(wide[:, :, ::2])
+    assert cupy.array_equal(q1, q2) and cupy.array_equal(r1, r2)
+
+
 def test_ormqr_and_householder_product_torch():
     torch = pytest.importorskip("torch")
     a = torch.randn(3, 50, 30, device="cuda")
@@ -304,7 +330,7 @@ def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():
     """A call captured once (CuPy stream capture) and replayed on new input data written into the same array."""
     import cupy
 
-    for m, n in [(64, 48), (300, 200)]:
+    for m, n in [(64, 48), (300, 200), (100, 20)]:  # (100, 20): qr by the fused Q kernel
         first, second = stress("random", m, n, 4, seed=1), stress("colscaled", m, n, 4, seed=2)
         a = cupy.asarray(first)
         stream = cupy.cuda.Stream(non_blocking=True)

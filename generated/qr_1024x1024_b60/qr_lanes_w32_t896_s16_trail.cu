@@ -146,12 +146,14 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER>
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
 struct LanesPanel {
   static constexpr int WARPS = THREADS / 32;
   static constexpr int RB = WARPS * SLOTS;  // rows per block
   static_assert(NB <= 32, "a lanes panel is at most 32 columns wide");
   static_assert(BLOCKS == 1 || CLUSTER, "the blocks of a lanes panel form a cluster");
+  static_assert(!FORMQ || (BLOCKS == 1 && !TRAIL && NB == N && N == K), "Q is formed by one-panel, one-block kernels");
+  static constexpr bool GRAM = TRAIL || FORMQ;  // T from G is needed
 
   struct Shared {
     float red[2][WARPS][32];
@@ -159,6 +161,7 @@ struct LanesPanel {
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
+    float vtop[FORMQ ? NB : 1][NB + 1];  // FORMQ: V's top NB rows (unit lower triangular)
     // Clusters: by parity of the column, every block's sums and then the pivot row, pushed here by st.async, and
     // the mbarrier their bytes complete on.
     float xr[CLUSTER ? 2 : 1][CLUSTER ? BLOCKS + 1 : 1][32];
@@ -239,7 +242,7 @@ struct LanesPanel {
     const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
     const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
     const Reflector f = make_reflector(alpha, sigma);
-    if constexpr (TRAIL) {
+    if constexpr (GRAM) {
       // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds v_c.
       if (warp == 0 && lane < j) sm.gram[lane][j] = fmaf(f.scale, tot, pv);
     }
@@ -291,13 +294,22 @@ struct LanesPanel {
       sync();  // tau (and G) complete
     }
 
-    if (g == 0 && t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
+    if constexpr (FORMQ) {  // R (batch, NB, NB) where h is given; no tau
+      float* rb = h + (size_t)b * NB * NB + lane;
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = row0 + s;
-      if (mine && r < mp) hb[(size_t)r * N] = x[s];
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = row0 + s;
+        if (mine && r < NB) rb[(size_t)r * NB] = r <= lane ? x[s] : 0.0f;
+      }
+    } else {
+      if (g == 0 && t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = row0 + s;
+        if (mine && r < mp) hb[(size_t)r * N] = x[s];
+      }
     }
-    if constexpr (TRAIL) {
+    if constexpr (GRAM) {
       // T of the compact WY form (LAPACK slarft, forward, columnwise): thread t builds row t from G alone.
       if (t < NB) {
         for (int j = 0; j < t; ++j) sm.tmat[t][j] = 0.0f;
@@ -310,15 +322,17 @@ struct LanesPanel {
       }
       sync();
       // V^T (lane c writes v_c) and (V T)^T: column i of V T is sum_{k <= i} v_k T[k][i], v_k broadcast from lane k.
-      float* vtb = vt + (size_t)b * vbs + (size_t)lane * vld;
-      float* ztb = zt + ((size_t)b * NB + lane) * mp;
       float acc[SLOTS];
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s;
         x[s] = r > lane ? x[s] : (r == lane ? 1.0f : 0.0f);
         acc[s] = 0.0f;
-        if (mine && r < mp) vtb[r] = x[s];
+        if constexpr (TRAIL) {
+          if (mine && r < mp) vt[(size_t)b * vbs + (size_t)lane * vld + r] = x[s];
+        } else if constexpr (FORMQ) {
+          if (mine && r < NB) sm.vtop[r][lane] = x[s];
+        }
       }
 #pragma unroll 1
       for (int k = 0; k < NB; ++k) {
@@ -326,20 +340,42 @@ struct LanesPanel {
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(__shfl_sync(QR_FULL_MASK, x[s], k), tk, acc[s]);
       }
+      if constexpr (TRAIL) {
+        float* ztb = zt + ((size_t)b * NB + lane) * mp;
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        const int r = row0 + s;
-        if (mine && r < mp) ztb[r] = acc[s];
+        for (int s = 0; s < SLOTS; ++s) {
+          const int r = row0 + s;
+          if (mine && r < mp) ztb[r] = acc[s];
+        }
+      } else if constexpr (FORMQ) {
+        // Q[r][c] = [r == c] - sum_k (V T)[r][k] V[c][k]: lane c takes (V T)[r][k] from lane k, V[c][k] (zero for
+        // k > c) from shared memory.
+        sync();
+        float q[SLOTS];
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) q[s] = row0 + s == lane ? 1.0f : 0.0f;
+#pragma unroll 1
+        for (int k = 0; k < NB; ++k) {
+          const float vck = mine ? sm.vtop[lane][k] : 0.0f;
+#pragma unroll
+          for (int s = 0; s < SLOTS; ++s) q[s] = fmaf(-__shfl_sync(QR_FULL_MASK, acc[s], k), vck, q[s]);
+        }
+        float* qb = zt + (size_t)b * M * NB + lane;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int r = row0 + s;
+          if (mine && r < mp) qb[(size_t)r * NB] = q[s];
+        }
       }
     }
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER>
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
 __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float* __restrict__ h,
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                             int c0, int mp, int vld, long long vbs) {
-  using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER>;
+  using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ>;
   __shared__ typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
@@ -351,6 +387,6 @@ __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float
 extern "C" __global__ void __launch_bounds__(896, 1)
 qr_lanes_w32_t896_s16_trail(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
-  panel_lanes<1024, 1024, 1024, 16, 32, 896, true, 1, false>(
+  panel_lanes<1024, 1024, 1024, 16, 32, 896, true, 1, false, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }
