@@ -97,6 +97,7 @@ class Factorizer:
         direct = len(self.launches) == 1 and self.launches[0].nc == 0
         self._direct_vec = vec[self.launches[0].kernel] if direct else 0
         self._functions: dict[int, dict] = {}  # device id -> kernel name -> (module, function)
+        self._q_args: dict[int, "_PackedArgs"] = {}  # device id -> the fused Q kernel's packed arguments
         self._lock = threading.Lock()
         self.binaries: list[Binary] = []
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
@@ -180,16 +181,21 @@ class Factorizer:
         on `stream`; a is left as it is."""
         import cupy
 
-        spec = self.fused_q
-        _, func = self._load(a.device.id)[spec.name]
+        _, func = self._load(a.device.id)[self.fused_q.name]
         batch, L = a.shape[0], self.launches[0]
         src = a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
         q = cupy.empty((batch, self.m, self.n), dtype=cupy.float32)
         r = cupy.empty((batch, self.n, self.n), dtype=cupy.float32)
-        null = np.uint64(0)
-        # the panel kernels' parameters (_PANEL_PARAMS): R where h goes, Q where (VT)^T goes, no tau
-        func((batch,), (L.threads,), (src, r, null, null, q, null, null, np.uint32(0), np.int32(0),
-                                      np.int32(L.rows), np.int32(L.v_ld), np.int64(L.v_bs)), stream=stream)
+        # The panel kernels' parameters (_PANEL_PARAMS): R where h goes, Q where (VT)^T goes, no tau or workspace.
+        args = self._q_args.get(a.device.id)
+        if args is None:
+            args = self._q_args[a.device.id] = _PackedArgs(_PANEL_PARAMS, (0, 0, 0, 0, 0, 0, 0, 0, 0, L.rows, L.v_ld,
+                                                                           L.v_bs))
+        with self._lock:  # the packed values are shared by the calls on this device until the launch is queued
+            args.set(0, src.data.ptr)
+            args.set(1, r.data.ptr)
+            args.set(4, q.data.ptr)
+            cupy.cuda.driver.launchKernel(func.ptr, batch, 1, 1, L.threads, 1, 1, 0, stream.ptr, args.address, 0)
         return q, r
 
     def run(self, a, stream, skip=()):

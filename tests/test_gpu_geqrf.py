@@ -274,7 +274,7 @@ def test_qr_reduced_and_lstsq_every_family(batch, m, n):
                     assert np.abs(x[i] - xn).max() <= 1e-3 * max(1.0, np.abs(xn).max())
 
 
-@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (3, 100, 20), (2, 40, 1), (5, 257, 32), (4, 33, 33)])
+@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (3, 100, 20), (2, 40, 1), (5, 257, 32)])
 def test_qr_fused_q_kernel_every_family(batch, m, n):
     """Shapes whose schedule is one lanes panel with nothing right of it: qr (reduced) is one launch writing Q and R;
     every stress family passes the Q gates, R matches geqrf's, and a non-contiguous input gives the same result."""
