@@ -97,3 +97,18 @@ def test_q_is_the_same_for_every_block_width(m, n, complete):
     assert [b for b in qmatrix.blocks(m, n, 64)] == [(c, min(64, min(m, n) - c)) for c in range(0, min(m, n), 64)]
     with pytest.raises(ValueError, match="block"):
         qmatrix.blocks(m, n, 300)
+
+
+@pytest.mark.parametrize("m,n", [(32, 32), (100, 20), (40, 1), (257, 32)])
+def test_fused_q_formula_equals_householder_product(m, n):
+    """The fused Q kernel's algebra (templates/cuda/panel_lanes.cuh.j2, FORMQ): with V unit lower triangular
+    (m x n), T from G = V^T V and tau, and V1 V's top n rows, Q = I - (V T) V1^T, each lane c summing
+    (V T)[r][k] V[c][k] over k <= c; it must equal the blocked householder_product."""
+    a = stress("random", m, n, 3, seed=n).astype(np.float64)
+    h, tau = reference.geqrf(a)
+    v = np.tril(h, -1)
+    v[:, np.arange(n), np.arange(n)] = 1
+    t = reference._tmatrix(np.swapaxes(v, 1, 2) @ v, tau)
+    z = v @ t
+    q = np.eye(m, n)[None] - z @ np.swapaxes(v[:, :n, :], 1, 2)
+    np.testing.assert_allclose(q, qmatrix.householder_product(h, tau), atol=1e-12)
