@@ -15,6 +15,7 @@ Studies live in optuna's RDB storage (SQLite in the cache directory by default) 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import platform
 import time
@@ -37,7 +38,7 @@ MIN_GAIN = 0.02  # a tuned point replaces the default only when this much faster
 CLUSTER_TRIALS_MAX_BATCH = 16  # early cluster trials while 8-block clusters of every matrix fit on the 132 SMs
 CLUSTER_SLOTS_CHOICES = (1, 2, 4)  # most rows per thread of a cluster panel (schedule.cluster_panel)
 CLUSTERS = (0, 2, 4, 8)  # rows panels: 0 one block per matrix (or flag-exchanging blocks where one cannot hold it)
-LANES_SLOTS = ("auto", 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
+LANES_SLOTS = ("auto", 4, 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
 COLS_SLICES = (2, 4, 8)
 LOOPS = (False, True)  # Panel.loop of the warp and rows panels
@@ -298,8 +299,17 @@ def default_storage() -> str:
     return f"sqlite:///{path}"
 
 
+def space_digest() -> str:
+    """A short digest of the search space's choices: optuna refuses to resume a study whose categorical choices
+    changed, so a study is named after the space it samples (a changed space starts a new study)."""
+    space = [ROWS_WIDTHS, LANES_WIDTHS, CLUSTER_SLOTS_CHOICES, CLUSTERS, LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
+             SPLITS, AGGREGATES, PRECISIONS, PANEL_UPDATES, ALL_FAMILIES]
+    return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
+
+
 def study_name(problem: Problem, target: Target, device: str) -> str:
-    return f"qrgen-{__version__}|{target.arch}|{device}|{problem.m}x{problem.n}|b{problem.batch}"
+    return (f"qrgen-{__version__}|space-{space_digest()}|{target.arch}|{device}|{problem.m}x{problem.n}"
+            f"|b{problem.batch}")
 
 
 def _variations(problem: Problem) -> list[dict]:

@@ -8,7 +8,7 @@ from qrgen.costmodel import estimate
 from qrgen.problem import Problem, Target
 from qrgen.schedule import default_schedule
 from qrgen.tune import (DEFAULT_PARAMS, MIN_GAIN, ModelEvaluator, Outcome, TrialFailed, _variations, default_params,
-                        provenance, schedule_from_params, tune, tune_and_save)
+                        provenance, schedule_from_params, study_name, tune, tune_and_save)
 
 
 def _storage(tmp_path):
@@ -70,7 +70,7 @@ def test_inaccurate_precision_is_never_best(tmp_path):
     assert not fast.accurate
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = _storage(tmp_path)
-    name = f"qrgen-0.1.0|sm_90|{evaluator.name}|96x96|b4"
+    name = study_name(problem, Target(), evaluator.name)
     optuna.create_study(study_name=name, storage=storage).enqueue_trial(bf16)
     result = tune(problem, Target(), 8, evaluator, storage, log=lambda _: None)
     assert result.params != bf16 and result.outcome.accurate
@@ -254,3 +254,15 @@ def test_early_trials_fix_every_parameter_they_sample(m, n, batch):
     problem = Problem(m, n, batch)
     for params in [default_params(problem), *_variations(problem)]:
         assert sample(optuna.trial.FixedTrial(params), problem) == params
+
+
+def test_study_name_follows_the_search_space(monkeypatch):
+    """optuna refuses to resume a study whose categorical choices changed ("Cannot set different distribution"),
+    so a changed space must give a new study name; the same space, the same name."""
+    import qrgen.tune as tune_module
+
+    problem = Problem(32, 32, 20)
+    name = study_name(problem, Target(), "GPU")
+    assert name == study_name(problem, Target(), "GPU") and "|space-" in name
+    monkeypatch.setattr(tune_module, "LANES_SLOTS", tune_module.LANES_SLOTS + (96,))
+    assert study_name(problem, Target(), "GPU") != name
