@@ -298,6 +298,10 @@ def test_qr_fused_q_kernel_every_family(batch, m, n):
     q1, r1 = qrgen.qr(cupy.asarray(a))
     q2, r2 = qrgen.qr(wide[:, :, ::2])
     assert cupy.array_equal(q1, q2) and cupy.array_equal(r1, r2)
+    torch = pytest.importorskip("torch")
+    qt, rt = qrgen.qr(torch.as_tensor(a, device="cuda"))  # torch in, torch out, the same numbers
+    assert isinstance(qt, torch.Tensor) and cupy.array_equal(cupy.from_dlpack(qt), q1)
+    assert cupy.array_equal(cupy.from_dlpack(rt), r1)
     if batch > 1:  # a NaN in one matrix leaves the others as they were
         bad = a.copy()
         bad[0, m // 2, n // 2] = np.nan
