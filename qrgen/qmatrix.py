@@ -40,14 +40,9 @@ def _sub_matmul(xp, c, a, b):
     if xp is np or c.dtype != xp.float32 or c.strides[2] != c.itemsize or c.strides[1] < c.shape[2] * c.itemsize:
         c -= _matmul(xp, a, b)
         return
-    from .cublas import _operand, gemm
+    from .cublas import matmul
 
-    a, ta, lda, sa = _operand(a)
-    b, tb, ldb, sb = _operand(b)
-    if c.size and a.shape[2]:
-        gemm(c.device.id, xp.cuda.get_current_stream().ptr, ta, tb, c.shape[1], c.shape[2], a.shape[2], -1.0,
-             a.data.ptr, lda, sa, b.data.ptr, ldb, sb, 1.0, c.data.ptr, c.strides[1] // c.itemsize,
-             c.strides[0] // c.itemsize, c.shape[0], "fp32")
+    matmul(a, b, subtract_from=c)
 
 
 def _set_diagonal(x, value) -> None:

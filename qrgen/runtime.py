@@ -97,7 +97,10 @@ class Factorizer:
         direct = len(self.launches) == 1 and self.launches[0].nc == 0
         self._direct_vec = vec[self.launches[0].kernel] if direct else 0
         self._functions: dict[int, dict] = {}  # device id -> kernel name -> (module, function)
-        self._q_args: dict[int, "_PackedArgs"] = {}  # device id -> the fused Q kernel's packed arguments
+        # The kernel that writes qr's reduced Q and R in one launch, where the schedule has one (one lanes panel on
+        # one block, nothing right of it: codegen.fused_q_kernel), and its packed arguments per device.
+        self.fused_q = next((k for k in self.kernels if k.formq), None)
+        self._q_args: dict[int, "_PackedArgs"] = {}
         self._lock = threading.Lock()
         self.binaries: list[Binary] = []
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
@@ -169,12 +172,6 @@ class Factorizer:
         _factor(self, h, tau, ws, a.device.id, stages=stages)
         cupy.cuda.get_current_stream().synchronize()
         return stages
-
-    @property
-    def fused_q(self) -> "codegen.KernelSpec | None":
-        """The kernel that writes qr's reduced Q and R in one launch, where the schedule has one (one lanes panel
-        on one block, nothing right of it: codegen.fused_q_kernel)."""
-        return next((k for k in self.kernels if k.formq), None)
 
     def run_qr(self, a, stream):
         """(q (batch, m, n), r (batch, n, n)) of qr's reduced mode by the fused kernel, for a (batch, m, n) CuPy array

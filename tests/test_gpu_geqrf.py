@@ -333,6 +333,14 @@ def test_cublas_matmul_layouts():
     for x, y in [(a, b), (a.transpose(0, 2, 1).copy().transpose(0, 2, 1), b), (a, b.transpose(0, 2, 1).copy()
                  .transpose(0, 2, 1)), (a[:, 5:30, 2:20], b[:, 2:20, :]), (a[:1], b)]:
         assert cupy.allclose(matmul(x, y), cupy.matmul(x, y), atol=1e-4)
+        big = rng.standard_normal((x.shape[0] if x.shape[0] > 1 else 3, x.shape[1] + 3, y.shape[2] + 5),
+                                  dtype=cupy.float32)
+        before = big.copy()
+        view = big[:, 2:2 + x.shape[1], 1:1 + y.shape[2]]  # in place into a view of a larger array
+        assert matmul(x, y, subtract_from=view) is view
+        expect = before.copy()
+        expect[:, 2:2 + x.shape[1], 1:1 + y.shape[2]] -= cupy.matmul(x, y)
+        assert cupy.allclose(big, expect, atol=1e-4)
 
 
 def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():

@@ -106,9 +106,18 @@ __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsi
 }
 
 
-
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+
+__device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
+  if (t == 0) {
+    mbar_init(&bar[0], 1);
+    mbar_init(&bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
 }
 
 
@@ -279,12 +288,7 @@ struct LanesPanel {
       x[s] = (mine && r < mp) ? sb[(size_t)r * N] : 0.0f;
     }
     if constexpr (CLUSTER) {
-      if (t == 0) {
-        mbar_init(&sm.bar[0], 1);
-        mbar_init(&sm.bar[1], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      }
-      cluster_sync();  // every block's mbarriers are initialized before any block pushes
+      cluster_exchange_init(sm.bar, t);
     }
 #pragma unroll 1
     for (int j = 0; j < NB; ++j) column(j);
