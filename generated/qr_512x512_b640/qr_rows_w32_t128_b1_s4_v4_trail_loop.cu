@@ -60,10 +60,22 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
     r.beta = alpha;
     r.scale = 1.0f;
   } else {
-    const float norm = sqrtf(fmaf(alpha, alpha, sigma));
+    // The hardware reciprocal square root (2 ulp) where s is a normal number, so the column's chain has no IEEE
+    // sqrt and division sequences with their slow-path branches; below FLT_MIN the IEEE path (MUFU.RSQ would see a
+    // denormal as zero). tau = (beta - alpha) / beta = 1 - alpha / beta. |alpha - beta| >= norm >= 1e-19 and far
+    // below 2^126, where __fdividef is exact to 2 ulp.
+    const float s = fmaf(alpha, alpha, sigma);
+    float norm, inv_norm;
+    if (s >= 1.17549435e-38f) {
+      inv_norm = rsqrtf(s);
+      norm = s * inv_norm;
+    } else {
+      norm = sqrtf(s);
+      inv_norm = 1.0f / norm;
+    }
     r.beta = alpha >= 0.0f ? -norm : norm;
-    r.tau = (r.beta - alpha) / r.beta;
-    r.scale = 1.0f / (alpha - r.beta);
+    r.tau = fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
+    r.scale = __fdividef(1.0f, alpha - r.beta);
   }
   return r;
 }
