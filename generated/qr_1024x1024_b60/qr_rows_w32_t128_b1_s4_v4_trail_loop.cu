@@ -167,12 +167,34 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
+
+template <int NB, int GLD, typename Row>
+__device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
+  const volatile float* gv = g;
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k + 1 < j; k += 2) {
+      s0 = fmaf(r[k], gv[k * GLD + j], s0);
+      s1 = fmaf(r[k + 1], gv[(k + 1) * GLD + j], s1);
+    }
+    if (j & 1) s0 = fmaf(r[j - 1], gv[(j - 1) * GLD + j], s0);
+    const float tj = j < count ? tau[j] : 0.0f;
+    r[j] = j > row ? -tj * (s0 + s1) : (j == row ? tj : 0.0f);
+  }
+}
+
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
           bool CLUSTER, bool LOOP>
 struct RowsPanel {
   static constexpr int WARPS = THREADS / 32;
   static constexpr int RB = SLOTS * THREADS;  // rows per block
   static constexpr int XCH = 64;              // floats per block and column in the exchange buffer
+  // T built by t_row (unrolled) only below 512 threads: at 512 (a cap of 128 registers) these kernels have no
+  // registers to spare, and any change to T's loop moved spills in (qr_rows_w16_t512_c4_s4_v4_trail,
+  // qr_rows_w8_t512_b20_s10_v4_trail), so there the row is walked in place as before.
+  static constexpr bool UNROLL_T = THREADS < 512;
   static_assert(NB <= 32 && NB <= THREADS, "a rows panel is at most 32 columns wide");
 
   struct Shared {
@@ -466,12 +488,16 @@ struct RowsPanel {
       // T of the compact WY form, H_0 ... H_{NB-1} = I - V T V^T (LAPACK slarft, forward, columnwise):
       // row t of T depends only on its own earlier entries and on G, so each thread builds its row alone.
       if (t < NB) {
-        for (int j = 0; j < t; ++j) sm.tmat[t][j] = 0.0f;
-        sm.tmat[t][t] = sm.tau[t];
-        for (int j = t + 1; j < NB; ++j) {
-          float acc = 0.0f;
-          for (int k = t; k < j; ++k) acc = fmaf(sm.tmat[t][k], sm.gram[k][j], acc);
-          sm.tmat[t][j] = -sm.tau[j] * acc;
+        if constexpr (UNROLL_T) {
+          t_row<NB, NB + 1>(t, &sm.gram[0][0], sm.tau, NB, static_cast<volatile float*>(&sm.tmat[t][0]));
+        } else {  // the row walked in place (see UNROLL_T)
+          for (int j = 0; j < t; ++j) sm.tmat[t][j] = 0.0f;
+          sm.tmat[t][t] = sm.tau[t];
+          for (int j = t + 1; j < NB; ++j) {
+            float acc = 0.0f;
+            for (int k = t; k < j; ++k) acc = fmaf(sm.tmat[t][k], sm.gram[k][j], acc);
+            sm.tmat[t][j] = -sm.tau[j] * acc;
+          }
         }
       }
       sync();

@@ -167,6 +167,24 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
+
+template <int NB, int GLD, typename Row>
+__device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
+  const volatile float* gv = g;
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k + 1 < j; k += 2) {
+      s0 = fmaf(r[k], gv[k * GLD + j], s0);
+      s1 = fmaf(r[k + 1], gv[(k + 1) * GLD + j], s1);
+    }
+    if (j & 1) s0 = fmaf(r[j - 1], gv[(j - 1) * GLD + j], s0);
+    const float tj = j < count ? tau[j] : 0.0f;
+    r[j] = j > row ? -tj * (s0 + s1) : (j == row ? tj : 0.0f);
+  }
+}
+
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
 struct LanesPanel {
   static constexpr int WARPS = THREADS / 32;
@@ -332,13 +350,7 @@ struct LanesPanel {
     if constexpr (GRAM) {
       // T of the compact WY form (LAPACK slarft, forward, columnwise): thread t builds row t from G alone.
       if (t < NB) {
-        for (int j = 0; j < t; ++j) sm.tmat[t][j] = 0.0f;
-        sm.tmat[t][t] = sm.tau[t];
-        for (int j = t + 1; j < NB; ++j) {
-          float acc = 0.0f;
-          for (int k = t; k < j; ++k) acc = fmaf(sm.tmat[t][k], sm.gram[k][j], acc);
-          sm.tmat[t][j] = -sm.tau[j] * acc;
-        }
+        t_row<NB, NB + 1>(t, &sm.gram[0][0], sm.tau, NB, static_cast<volatile float*>(&sm.tmat[t][0]));
       }
       sync();
       // V^T (lane c writes v_c) and (V T)^T: column i of V T is sum_{k <= i} v_k T[k][i], v_k broadcast from lane k.
