@@ -156,7 +156,8 @@ def gemm_flops(fac, batch: int) -> float:
 
 def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> str:
     """Where one factorization's GPU time goes, by difference: the call replayed as a CUDA graph in full, with the
-    aggregates' merge (G, T, (VT)^T) left out, and with only the panel kernels, so host gaps are not counted
+    aggregates' merge (G, T, (VT)^T; and each of its three stages alone) left out, and with only the panel
+    kernels, so host gaps are not counted
     (events around each launch of an eager call would count them). Leaving stages out makes the result wrong but
     not the remaining work: no kernel's work depends on the values. Also the eager call, for the host's share."""
     import cupy
@@ -183,7 +184,11 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> s
              f"  panel kernels {panels:,.1f} µs ({panels / k:.2f} µs per column)",
              f"  trailing-update GEMMs {gemm:,.1f} µs ({gemm_flops(fac, batch) / max(gemm, 1e-9) / 1e6:.1f} TFLOP/s)"]
     if fac.aggregates:
-        lines.append(f"  aggregates' merge (G, T, (VT)^T) {max(0.0, full - no_merge):,.1f} µs")
+        parts = ", ".join(f"{label} {max(0.0, full - timed((stage,))):,.1f}"
+                          for label, stage in (("G", "gram"), ("T", "tmat"), ("(VT)^T", "aggregate")))
+        merges = sum(1 for a in fac.aggregates if a.nc > 0)
+        lines.append(f"  aggregates' merge {max(0.0, full - no_merge):,.1f} µs over {merges} aggregates "
+                     f"(each stage left out alone: {parts} µs)")
     return "\n".join(lines)
 
 
