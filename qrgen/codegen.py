@@ -84,10 +84,10 @@ TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared
 
 
 def tmat_shared_bytes(a: int) -> int:
-    """Dynamic shared memory of the T kernel for `a` reflectors: T (rows padded by one float), then G's 32 x 32
-    diagonal blocks, later X (a x 32), then G's block column above a diagonal block (at most (a - 32) x 32)."""
+    """Dynamic shared memory of the T kernel for `a` reflectors: G (a rounded up to whole 32-blocks of rows,
+    TMAT_BLOCKED_MAX floats each), T (a rows padded by one float), X (at most (a - 32) x 32)."""
     blocks = -(-a // 32)
-    return 4 * (a * (a + 1) + 1024 * blocks + 1024 * (blocks - 1)) if a <= TMAT_BLOCKED_MAX else 0
+    return 4 * (32 * blocks * TMAT_BLOCKED_MAX + a * (a + 1) + 1024 * (blocks - 1)) if a <= TMAT_BLOCKED_MAX else 0
 
 
 @dataclass(frozen=True)

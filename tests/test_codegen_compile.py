@@ -266,3 +266,12 @@ def test_fused_q_kernel_compiles_without_spills(tmp_path, monkeypatch):
         assert len(items) == 1
         (binary,) = qcompile.compile_many(items, "sm_90")
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+def test_tmat_shared_memory_fits_one_block():
+    """The T kernel stages G (rows rounded to 32-blocks), T and X in shared memory: within an sm_90 block's 227 KB
+    for every aggregate size it builds by blocks, and growing with it."""
+    sizes = [codegen.tmat_shared_bytes(a) for a in range(1, codegen.TMAT_BLOCKED_MAX + 1)]
+    assert max(sizes) == sizes[-1] <= 227 * 1024
+    assert all(x <= y for x, y in zip(sizes, sizes[1:]))
+    assert codegen.tmat_shared_bytes(codegen.TMAT_BLOCKED_MAX + 1) == 0  # past it: one thread per row, global memory

@@ -186,26 +186,39 @@ __device__ __forceinline__ void t_row(int row, const float* g, const float* __re
 
 #define TMAT_BLOCKED_MAX 128
 
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+}
+
 __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const float* __restrict__ ts,
                                              float* __restrict__ t, int a) {
   extern __shared__ float sm[];
+  constexpr int GL = TMAT_BLOCKED_MAX;  // G's row length in shared memory, whatever a
   const int ld = a + 1;
   const int nblk = (a + 31) >> 5;
-  float* tt = sm;                     // T, a x ld (padded rows)
-  float* x = sm + a * ld;             // G's diagonal blocks (32 x 32 each), then X (up to a x 32)
-  float* gc = x + (nblk << 10);       // G's block column above the diagonal block: gc[k * 32 + c] = G[k][c0 + c]
+  const int ap = nblk << 5;             // a rounded up to whole blocks
+  float* gs = sm;                       // gs[k * GL + j] = G[k][j] for k < j < ap (zero from a on)
+  float* tt = gs + ap * GL;             // T, a x ld (padded rows)
+  float* x = tt + a * ld;               // X (up to (a - 32) x 32)
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int b0 = w << 5, i = b0 + lane;
-  for (int e = threadIdx.x; e < a * ld; e += blockDim.x) tt[e] = 0.0f;
-  if (w < nblk) {
-    float* gd = x + (w << 10);  // G[b0 + k][b0 + j] at gd[k * 32 + j], zero past a
-    for (int k = 0; k < 32; ++k) gd[(k << 5) + lane] = b0 + k < a && i < a ? g[(size_t)(b0 + k) * a + i] : 0.0f;
+  for (int k = w; k < ap; k += blockDim.x >> 5) {
+    for (int j = lane; j < ap; j += 32) {
+      if (k >= j) continue;
+      if (j < a) {
+        cp_async4(gs + k * GL + j, g + (size_t)k * a + j);
+      } else {
+        gs[k * GL + j] = 0.0f;
+      }
+    }
   }
+  for (int e = threadIdx.x; e < a * ld; e += blockDim.x) tt[e] = 0.0f;
+  asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
   if (w < nblk) {  // the diagonal block of warp w (warps past the blocks wait)
-    const float* gd = x + (w << 10);
     float r[32];
-    t_row<32, 32>(lane, gd, ts + b0, a - b0, r);
+    t_row<32, GL>(lane, gs + b0 * GL + b0, ts + b0, a - b0, r);
     if (i < a) {
 #pragma unroll
       for (int j = 0; j < 32; ++j)
@@ -214,12 +227,8 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
   }
   for (int bj = 1; bj < nblk; ++bj) {
     const int c0 = bj << 5, cw = min(32, a - c0);
-    // G's block column into shared memory (coalesced rows of 32), read by every row of X below.
-    for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
-      const int k = e >> 5, c = e & 31;
-      gc[e] = c < cw ? g[(size_t)k * a + c0 + c] : 0.0f;
-    }
-    __syncthreads();  // gc, and the previous block column's T (or the diagonal blocks)
+    const float* gc = gs + c0;  // G's block column above the diagonal block: gc[k * GL + c] = G[k][c0 + c]
+    __syncthreads();  // the previous block column's T (or the diagonal blocks)
     // X[r][c] = sum_{r <= k < c0} T[r][k] G[k][c0 + c]: a warp per row at a time (T[r][k] one address per warp,
     // gc[k][c] a row of 32 banks), four partial sums.
     for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
@@ -228,12 +237,12 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
       float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
       int k = r;
       for (; k + 4 <= c0; k += 4) {
-        s0 = fmaf(tr[k], gc[(k << 5) + c], s0);
-        s1 = fmaf(tr[k + 1], gc[((k + 1) << 5) + c], s1);
-        s2 = fmaf(tr[k + 2], gc[((k + 2) << 5) + c], s2);
-        s3 = fmaf(tr[k + 3], gc[((k + 3) << 5) + c], s3);
+        s0 = fmaf(tr[k], gc[k * GL + c], s0);
+        s1 = fmaf(tr[k + 1], gc[(k + 1) * GL + c], s1);
+        s2 = fmaf(tr[k + 2], gc[(k + 2) * GL + c], s2);
+        s3 = fmaf(tr[k + 3], gc[(k + 3) * GL + c], s3);
       }
-      for (; k < c0; ++k) s0 = fmaf(tr[k], gc[(k << 5) + c], s0);
+      for (; k < c0; ++k) s0 = fmaf(tr[k], gc[k * GL + c], s0);
       x[e] = (s0 + s1) + (s2 + s3);
     }
     __syncthreads();
