@@ -84,10 +84,10 @@ TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared
 
 
 def tmat_shared_bytes(a: int) -> int:
-    """Dynamic shared memory of the T kernel for `a` reflectors: G (a rounded up to whole 32-blocks of rows,
-    TMAT_BLOCKED_MAX floats each), T (a rows padded by one float), X (at most (a - 32) x 32)."""
+    """Dynamic shared memory of the T kernel for `a` reflectors: G and T with a's rows rounded up to whole
+    32-blocks (G's rows TMAT_BLOCKED_MAX floats, T's a padded by one), X (at most (a - 32) x 32)."""
     blocks = -(-a // 32)
-    return 4 * (32 * blocks * TMAT_BLOCKED_MAX + a * (a + 1) + 1024 * (blocks - 1)) if a <= TMAT_BLOCKED_MAX else 0
+    return 4 * 32 * blocks * (TMAT_BLOCKED_MAX + a + 1) + 4096 * (blocks - 1) if a <= TMAT_BLOCKED_MAX else 0
 
 
 @dataclass(frozen=True)

@@ -199,8 +199,8 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
   const int nblk = (a + 31) >> 5;
   const int ap = nblk << 5;             // a rounded up to whole blocks
   float* gs = sm;                       // gs[k * GL + j] = G[k][j] for k < j < ap (zero from a on)
-  float* tt = gs + ap * GL;             // T, a x ld (padded rows)
-  float* x = tt + a * ld;               // X (up to (a - 32) x 32)
+  float* tt = gs + ap * GL;             // T, ap x ld (padded rows; zero from row a and column a on)
+  float* x = tt + ap * ld;              // X (up to (a - 32) x 32)
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int b0 = w << 5, i = b0 + lane;
   for (int k = w; k < ap; k += blockDim.x >> 5) {
@@ -213,7 +213,7 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
       }
     }
   }
-  for (int e = threadIdx.x; e < a * ld; e += blockDim.x) tt[e] = 0.0f;
+  for (int e = threadIdx.x; e < ap * ld; e += blockDim.x) tt[e] = 0.0f;
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
   if (w < nblk) {  // the diagonal block of warp w (warps past the blocks wait)
@@ -229,45 +229,36 @@ __device__ __forceinline__ void tmat_blocked(const float* __restrict__ g, const 
     const int c0 = bj << 5, cw = min(32, a - c0);
     const float* gc = gs + c0;  // G's block column above the diagonal block: gc[k * GL + c] = G[k][c0 + c]
     __syncthreads();  // the previous block column's T (or the diagonal blocks)
-    // X[r][c] = sum_{r <= k < c0} T[r][k] G[k][c0 + c]: a warp per row at a time (T[r][k] one address per warp,
-    // gc[k][c] a row of 32 banks), four partial sums.
+    // X[r][c] = sum_{k < c0} T[r][k] G[k][c0 + c], by whole 32-blocks of k from r's own (T is zero left of its
+    // diagonal): a warp per row at a time (T[r][k] one address per warp, gc[k][c] a row of 32 banks), the blocks
+    // unrolled with four partial sums (loops with runtime bounds here spent the kernel's time on index arithmetic).
     for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
       const int r = e >> 5, c = e & 31;
       const float* tr = tt + r * ld;
-      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-      int k = r;
-      for (; k + 4 <= c0; k += 4) {
-        s0 = fmaf(tr[k], gc[k * GL + c], s0);
-        s1 = fmaf(tr[k + 1], gc[(k + 1) * GL + c], s1);
-        s2 = fmaf(tr[k + 2], gc[(k + 2) * GL + c], s2);
-        s3 = fmaf(tr[k + 3], gc[(k + 3) * GL + c], s3);
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int kb = r & ~31; kb < c0; kb += 32) {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) s[k & 3] = fmaf(tr[kb + k], gc[(kb + k) * GL + c], s[k & 3]);
       }
-      for (; k < c0; ++k) s0 = fmaf(tr[k], gc[k * GL + c], s0);
-      x[e] = (s0 + s1) + (s2 + s3);
+      x[e] = (s[0] + s[1]) + (s[2] + s[3]);
     }
     __syncthreads();
-    // T[r][c0 + c] = -sum_{0 <= k <= c} X[r][k] T_JJ[k][c]
+    // T[r][c0 + c] = -sum_{k <= c} X[r][k] T_JJ[k][c], unrolled over the whole block (T_JJ is zero below its
+    // diagonal and in its rows from a on, X zero in its columns from a on).
     for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
       const int r = e >> 5, c = e & 31;
-      if (c < cw) {
-        const float* xr = x + (r << 5);
-        const float* tj = tt + c0 * ld + c0 + c;
-        float s0 = 0.0f, s1 = 0.0f;
-        int k = 0;
-        for (; k + 2 <= c + 1; k += 2) {
-          s0 = fmaf(xr[k], tj[k * ld], s0);
-          s1 = fmaf(xr[k + 1], tj[(k + 1) * ld], s1);
-        }
-        if (k <= c) s0 = fmaf(xr[k], tj[k * ld], s0);
-        tt[r * ld + c0 + c] = -(s0 + s1);
-      }
+      const float* xr = x + (r << 5);
+      const float* tj = tt + c0 * ld + c0 + c;
+      float s[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < 32; ++k) s[k & 1] = fmaf(xr[k], tj[k * ld], s[k & 1]);
+      if (c < cw) tt[r * ld + c0 + c] = -(s[0] + s[1]);
     }
     // the next block column's first barrier orders these writes before their reads
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < a * a; e += blockDim.x) {
-    const int r = e / a;
-    t[e] = tt[r * ld + e - r * a];
+  for (int r = w; r < a; r += blockDim.x >> 5) {
+    for (int c = lane; c < a; c += 32) t[(size_t)r * a + c] = tt[r * ld + c];
   }
 }
 
