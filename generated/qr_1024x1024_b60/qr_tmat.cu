@@ -167,6 +167,21 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
 }
 
 
+template <int N>
+__device__ __forceinline__ void store_run(float* q, const float (&v)[N], int count) {
+  if constexpr (N % 4 == 0) {
+    if (count >= N && (reinterpret_cast<unsigned long long>(q) & 15ull) == 0) {
+#pragma unroll
+      for (int s = 0; s < N; s += 4) store_vec<4>(q + s, v + s);
+      return;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (s < count) q[s] = v[s];
+}
+
+
 template <int NB, int GLD, typename Row>
 __device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
   const volatile float* gv = g;

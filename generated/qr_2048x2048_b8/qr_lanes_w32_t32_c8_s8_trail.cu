@@ -168,6 +168,21 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
 }
 
 
+template <int N>
+__device__ __forceinline__ void store_run(float* q, const float (&v)[N], int count) {
+  if constexpr (N % 4 == 0) {
+    if (count >= N && (reinterpret_cast<unsigned long long>(q) & 15ull) == 0) {
+#pragma unroll
+      for (int s = 0; s < N; s += 4) store_vec<4>(q + s, v + s);
+      return;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (s < count) q[s] = v[s];
+}
+
+
 template <int NB, int GLD, typename Row>
 __device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
   const volatile float* gv = g;
@@ -360,11 +375,12 @@ struct LanesPanel {
         const int r = row0 + s;
         x[s] = r > lane ? x[s] : (r == lane ? 1.0f : 0.0f);
         acc[s] = 0.0f;
-        if constexpr (TRAIL) {
-          if (mine && r < mp) vt[(size_t)b * vbs + (size_t)lane * vld + r] = x[s];
-        } else if constexpr (FORMQ) {
+        if constexpr (FORMQ) {
           if (mine && r < NB) sm.vtop[r][lane] = x[s];
         }
+      }
+      if constexpr (TRAIL) {
+        if (mine) store_run<SLOTS>(vt + (size_t)b * vbs + (size_t)lane * vld + row0, x, mp - row0);
       }
 #pragma unroll 1
       for (int k = 0; k < NB; ++k) {
@@ -373,12 +389,7 @@ struct LanesPanel {
         for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(__shfl_sync(QR_FULL_MASK, x[s], k), tk, acc[s]);
       }
       if constexpr (TRAIL) {
-        float* ztb = zt + ((size_t)b * NB + lane) * mp;
-#pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-          const int r = row0 + s;
-          if (mine && r < mp) ztb[r] = acc[s];
-        }
+        if (mine) store_run<SLOTS>(zt + ((size_t)b * NB + lane) * mp + row0, acc, mp - row0);
       } else if constexpr (FORMQ) {
         // Q[r][c] = [r == c] - sum_k (V T)[r][k] V[c][k]: lane c takes (V T)[r][k] from lane k, V[c][k] (zero for
         // k > c) from shared memory.
