@@ -180,7 +180,7 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
     schedule = Schedule(256, 256, tuple(Panel(32, "rows", 64) for _ in range(8)), aggregate=128)
     kernels, launches = codegen.plan(schedule)
-    assert kernels[-1].name == codegen.TMAT_KERNEL and kernels[-1].threads == codegen.TMAT_THREADS == 256
+    assert kernels[-1].name == codegen.TMAT_KERNEL and kernels[-1].threads == codegen.TMAT_THREADS == 1024
     assert [L.nc for L in launches[:4]] == [96, 64, 32, 0] and all(L.trail for L in launches[:4])
     assert [L.v_row for L in launches[:4]] == [0, 32, 64, 96] and {L.v_ld for L in launches[:4]} == {256}
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
