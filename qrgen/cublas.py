@@ -55,13 +55,14 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLAS {what} failed with status {status}")
 
 
-def _handle(device_id: int) -> list:
+def _handle(device_id: int, slot: int = 0) -> list:
     """[handle, workspace, stream last set] of this thread on this device (a cuBLAS handle holds one stream at a
-    time, so threads do not share handles, as in CuPy)."""
+    time, so threads do not share handles, as in CuPy); slot 1 is a second one, for GEMMs that run at the same
+    time as slot 0's on another stream (a workspace must not be shared by kernels running at once)."""
     handles = getattr(_local, "handles", None)
     if handles is None:
         handles = _local.handles = {}
-    entry = handles.get(device_id)
+    entry = handles.get((device_id, slot))
     if entry is None:
         import cupy
 
@@ -71,17 +72,18 @@ def _handle(device_id: int) -> list:
             _check(lib.cublasCreate_v2(ctypes.byref(handle)), "create")
             workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
             _check(lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES), "set workspace")
-        entry = handles[device_id] = [handle, workspace, None]
+        entry = handles[(device_id, slot)] = [handle, workspace, None]
     return entry
 
 
 def gemm(device_id: int, stream_ptr: int, trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int,
          alpha: float, a_ptr: int, lda: int, sa: int, b_ptr: int, ldb: int, sb: int, beta: float, c_ptr: int,
-         ldc: int, sc: int, batch: int, precision: str) -> None:
+         ldc: int, sc: int, batch: int, precision: str, slot: int = 0) -> None:
     """Row-major C = alpha op(A) op(B) + beta C for `batch` matrices at fixed strides (in floats), computed as
-    cuBLAS's column-major C^T = op(B)^T op(A)^T. Inputs rounded as `precision` says, fp32 accumulation."""
+    cuBLAS's column-major C^T = op(B)^T op(A)^T. Inputs rounded as `precision` says, fp32 accumulation; `slot`
+    picks the thread's handle (see _handle)."""
     lib = _library()
-    entry = _handle(device_id)
+    entry = _handle(device_id, slot)
     handle = entry[0]
     if entry[2] != stream_ptr:
         _check(lib.cublasSetStream_v2(handle, stream_ptr), "set stream")

@@ -297,6 +297,14 @@ class Sizes:
                    zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [1]))
 
 
+def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
+    """The work buffers of a plan: with lookahead, V^T and (V T)^T of the aggregates alternate between two buffers
+    (the side stream still reads one aggregate's while the next one's panels write the other), and the side
+    stream's W has its own."""
+    names = ("vt", "zt", "w", "g", "zg")
+    return names + (("vt2", "zg2", "w2") if fac.schedule.lookahead else ())
+
+
 def drive(fac: "Factorizer", engine) -> None:
     """The launch sequence of one chunk of matrices, on any engine (CuPy here; NumPy in qrgen.simulate).
 
@@ -304,45 +312,75 @@ def drive(fac: "Factorizer", engine) -> None:
     stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate
     (through cuBLAS or the split kernels, as the schedule's panel_update says).
     After an aggregate's last panel: G = V^T V, T from G and tau, (V T)^T, then the same two products on the
-    columns right of the aggregate.
+    columns right of the aggregate. With the schedule's lookahead those products are two pairs: the next
+    aggregate's columns first, then (engine.fork: on a side stream that waits for everything queued so far) the
+    columns past it; the next aggregate's panels, G, T and (V T)^T run meanwhile, and engine.join (the main
+    stream waits for the side stream) comes before anything touches those columns again.
     """
     m, n = fac.m, fac.n
     prec = fac.schedule.precision
     sizes = engine.sizes
     via = fac.schedule.panel_update  # how the panels' own products run: "cublas" or "split" (fp32 kernels)
     cublas_panels = via == "cublas"
+    ahead = fac.schedule.lookahead
     epoch = 0
-    by_last = {a.last: a for a in fac.aggregates if a.nc > 0}
-    firsts = {a.first for a in fac.aggregates if a.nc > 0}
+    aggs = list(fac.aggregates)
+    by_last = {a.last: i for i, a in enumerate(aggs) if a.nc > 0}
+    firsts = {a.first for a in aggs if a.nc > 0}
+    owner = {p: i for i, a in enumerate(aggs) for p in range(a.first, a.last + 1)}
+    pending = False  # side-stream work not yet joined
+
+    def suffix(index):  # which of the two V^T / (V T)^T buffers panel `index` and its aggregate use
+        return "2" if ahead and owner.get(index, 0) % 2 else ""
+
+    def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False):
+        """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first)."""
+        c = ("h", col)
+        engine.gemm("project", False, False, width, nc, rows, 1.0, z, zld, zs, c, n, m * n, 0.0, (w, 0), nc,
+                    sizes.w, project, via=how, side=side)
+        engine.gemm("update", True, False, rows, nc, width, -1.0, v, vld, vs, (w, 0), nc, sizes.w, 1.0, c, n,
+                    m * n, update, via=how, side=side)
+
     for index, L in enumerate(fac.launches):
+        vt = "vt" + suffix(index)
         if index in firsts:
-            engine.zero("vt")  # an aggregate's V^T is zero above each panel's rows
-        engine.panel(index, L, epoch, L.v_row * L.v_ld + L.v_row)
+            engine.zero(vt)  # an aggregate's V^T is zero above each panel's rows
+        v = (vt, L.v_row * L.v_ld + L.v_row)
+        engine.panel(index, L, epoch, v)
         if L.blocks > 1:
             epoch += L.blocks * L.barriers
-        v = ("vt", L.v_row * L.v_ld + L.v_row)
         if L.nc > 0:
-            c = ("h", L.c0 * n + L.c0 + L.width)
-            engine.gemm("project", False, False, L.width, L.nc, L.rows, 1.0, ("zt", 0), L.rows, L.width * L.rows,
-                        c, n, m * n, 0.0, ("w", 0), L.nc, sizes.w, prec.project if cublas_panels else "fp32",
-                        via=via)
-            engine.gemm("update", True, False, L.rows, L.nc, L.width, -1.0, v, L.v_ld, L.v_bs,
-                        ("w", 0), L.nc, sizes.w, 1.0, c, n, m * n, prec.update if cublas_panels else "fp32",
-                        via=via)
-        agg = by_last.get(index)
-        if agg is not None:
-            a, rows = agg.a1 - agg.a0, agg.rows
-            vbs = a * rows
-            engine.gemm("gram", False, True, a, a, rows, 1.0, ("vt", 0), rows, vbs, ("vt", 0), rows, vbs,
-                        0.0, ("g", 0), a, sizes.g, prec.gram)
-            engine.tmat(agg)
-            engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, ("vt", 0), rows, vbs,
-                        0.0, ("zg", 0), rows, sizes.zg, "fp32")
-            c = ("h", agg.a0 * n + agg.a1)
-            engine.gemm("project", False, False, a, agg.nc, rows, 1.0, ("zg", 0), rows, sizes.zg, c, n, m * n,
-                        0.0, ("w", 0), agg.nc, sizes.w, prec.project)
-            engine.gemm("update", True, False, rows, agg.nc, a, -1.0, ("vt", 0), rows, vbs, ("w", 0), agg.nc,
-                        sizes.w, 1.0, c, n, m * n, prec.update)
+            products(("zt", 0), L.rows, L.width * L.rows, v, L.v_ld, L.v_bs, L.width, L.rows,
+                     L.c0 * n + L.c0 + L.width, L.nc, "w", prec.project if cublas_panels else "fp32",
+                     prec.update if cublas_panels else "fp32", how=via)
+        i = by_last.get(index)
+        if i is None:
+            continue
+        agg = aggs[i]
+        a, rows = agg.a1 - agg.a0, agg.rows
+        vbs = a * rows
+        zg = "zg" + suffix(index)
+        engine.gemm("gram", False, True, a, a, rows, 1.0, (vt, 0), rows, vbs, (vt, 0), rows, vbs,
+                    0.0, ("g", 0), a, sizes.g, prec.gram)
+        engine.tmat(agg)
+        engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, (vt, 0), rows, vbs,
+                    0.0, (zg, 0), rows, sizes.zg, "fp32")
+        if pending:
+            engine.join()
+            pending = False
+        args = ((zg, 0), rows, sizes.zg, (vt, 0), rows, vbs, a, rows)
+        row0 = agg.a0 * n
+        nxt = aggs[i + 1] if i + 1 < len(aggs) else None
+        if ahead and nxt is not None and nxt.nc > 0:
+            near = nxt.a1 - agg.a1
+            products(*args, row0 + agg.a1, near, "w", prec.project, prec.update)
+            engine.fork()
+            products(*args, row0 + nxt.a1, agg.nc - near, "w2", prec.project, prec.update, side=True)
+            pending = True
+        else:
+            products(*args, row0 + agg.a1, agg.nc, "w", prec.project, prec.update)
+    if pending:
+        engine.join()
 
 
 STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate")
@@ -361,9 +399,15 @@ class SkipStages:
     def zero(self, name):
         self.engine.zero(name)
 
-    def panel(self, index, launch, epoch, vt_offset):
+    def panel(self, index, launch, epoch, v):
         if "panel" not in self.skip:
-            self.engine.panel(index, launch, epoch, vt_offset)
+            self.engine.panel(index, launch, epoch, v)
+
+    def fork(self):
+        self.engine.fork()
+
+    def join(self):
+        self.engine.join()
 
     def tmat(self, agg):
         if "tmat" not in self.skip:
@@ -388,8 +432,8 @@ class _Workspace:
                 per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
         self.sizes = Sizes.of(fac)
-        self.buffers = {name: cupy.empty((self.chunk, getattr(self.sizes, name)), dtype=cupy.float32)
-                        for name in ("vt", "zt", "w", "g", "zg")}
+        self.buffers = {name: cupy.empty((self.chunk, getattr(self.sizes, name.rstrip("2"))), dtype=cupy.float32)
+                        for name in buffer_names(fac)}
         self.buffers["t"] = cupy.empty((self.chunk, self.sizes.g), dtype=cupy.float32)
         # The split panel products: partial sums per row block, and a counter per matrix and column tile that the
         # last block of each launch resets (zero between launches).
@@ -404,9 +448,46 @@ class _Workspace:
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
         self.multi_block = any(L.blocks > 1 and not L.cluster for L in fac.launches)  # flags to clear per call
         self.ptrs = {name: b.data.ptr for name, b in self.buffers.items()}
-        self.strides = {"h": fac.m * fac.n, "vt": self.sizes.vt, "zt": self.sizes.zt, "w": self.sizes.w,
-                        "g": self.sizes.g, "t": self.sizes.g, "zg": self.sizes.zg}
+        self.strides = {"h": fac.m * fac.n, "t": self.sizes.g,
+                        **{name: getattr(self.sizes, name.rstrip("2")) for name in buffer_names(fac)}}
         self.panel_args: dict[int, _PackedArgs] = {}  # per panel, its packed launch arguments
+        self.lanes = _Lanes() if fac.schedule.lookahead else None
+
+
+HIGH_PRIORITY = -1000  # CUDA clamps a stream priority to the device's range: this is its highest
+
+
+class _Lanes:
+    """The two streams of a lookahead schedule (the panels' chain at the highest priority, so that their blocks go
+    first as the side stream's GEMM blocks retire) and the events that order them with each other and with the
+    caller's stream. Events are recorded again for every fork and join: a wait takes the latest record."""
+
+    def __init__(self):
+        import cupy
+
+        self.main = cupy.cuda.Stream(non_blocking=True, priority=HIGH_PRIORITY)
+        self.side = cupy.cuda.Stream(non_blocking=True)
+        self.forked, self.joined, self.started, self.done = (
+            cupy.cuda.Event(block=False, disable_timing=True) for _ in range(4))
+
+    @contextlib.contextmanager
+    def from_stream(self, caller):
+        """Run the body on the main lane (CuPy's current stream inside), after the caller's queued work; the caller's
+        stream then waits for both lanes."""
+        self.started.record(caller)
+        self.main.wait_event(self.started)
+        with self.main:
+            yield
+        self.done.record(self.main)
+        caller.wait_event(self.done)
+
+    def fork(self):
+        self.forked.record(self.main)
+        self.side.wait_event(self.forked)
+
+    def join(self):
+        self.joined.record(self.side)
+        self.main.wait_event(self.joined)
 
 
 # The panel kernels' parameters (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs.
@@ -443,10 +524,10 @@ class _CupyEngine:
     """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
 
     def __init__(self, fac: "Factorizer", ws: _Workspace, funcs: dict, h, tau, src, stages: list | None,
-                 device_id: int):
+                 device_id: int, lanes: "_Lanes | None"):
         import cupy
 
-        self.fac, self.ws, self.funcs, self.stages = fac, ws, funcs, stages
+        self.fac, self.ws, self.funcs, self.stages, self.lanes = fac, ws, funcs, stages, lanes
         self.cupy = cupy
         self.device_id = device_id
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
@@ -473,7 +554,7 @@ class _CupyEngine:
     def zero(self, name):
         self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], self.stream_ptr)
 
-    def panel(self, index, L, epoch, vt_offset):
+    def panel(self, index, L, epoch, v):
         _, func = self.funcs[L.kernel]
         src = self.src_ptr if (index == 0 and self.src_ptr is not None) else self.h_ptr
         stop = self._mark("panel", L)
@@ -481,7 +562,7 @@ class _CupyEngine:
         if args is None:  # the same for every call on this workspace but src, h and tau
             ws = self.ws
             args = ws.panel_args[index] = _PackedArgs(_PANEL_PARAMS, (
-                src, self.h_ptr, self.tau_ptr, ws.ptrs["vt"] + 4 * vt_offset, ws.ptrs["zt"], ws.xch.data.ptr,
+                src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs["zt"], ws.xch.data.ptr,
                 ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
         else:
             args.set(0, src)
@@ -507,18 +588,28 @@ class _CupyEngine:
               np.int64(self.sizes.g), np.int32(self.fac.k)), shared_mem=codegen.tmat_shared_bytes(a))
         self._done(stop)
 
+    def fork(self):
+        if self.lanes is not None:
+            self.lanes.fork()
+
+    def join(self):
+        if self.lanes is not None:
+            self.lanes.join()
+
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-             precision, via="cublas"):
+             precision, via="cublas", side=False):
         """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T; via "split":
-        a panel's projection (W = Z^T C) or update (C -= V W) by the split kernels."""
+        a panel's projection (W = Z^T C) or update (C -= V W) by the split kernels. `side`: on the side lane (its
+        own cuBLAS handle and workspace: the two lanes' GEMMs run at once), where the plan has lanes."""
         stop = self._mark(stage, None)
         if via == "split":
             self._split(stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc)
             self._done(stop)
             return
-        cublas.gemm(self.device_id, self.stream_ptr, trans_a, trans_b, rows, cols, depth, alpha,
-                    self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
-                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision)
+        side = side and self.lanes is not None
+        cublas.gemm(self.device_id, self.lanes.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
+                    depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
+                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side))
         self._done(stop)
 
     def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
@@ -545,18 +636,23 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
             skip=()) -> None:
     """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
     (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
-    as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate"."""
+    as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate";
+    a lookahead schedule then runs on one stream (each launch timed alone), else on its two lanes."""
+    import cupy
+
     funcs = fac._load(device_id)
     batch = h.shape[0]
-    for b0 in range(0, batch, ws.chunk):
-        nb = min(ws.chunk, batch - b0)
-        whole = nb == batch
-        hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
-        sc = None if src is None else (src if whole else src[b0:b0 + nb])
-        if ws.multi_block:
-            ws.flags.fill(0)
-        engine = _CupyEngine(fac, ws, funcs, hc, tc, sc, stages, device_id)
-        drive(fac, SkipStages(engine, skip) if skip else engine)
+    lanes = ws.lanes if stages is None else None
+    with lanes.from_stream(cupy.cuda.get_current_stream()) if lanes else contextlib.nullcontext():
+        for b0 in range(0, batch, ws.chunk):
+            nb = min(ws.chunk, batch - b0)
+            whole = nb == batch
+            hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
+            sc = None if src is None else (src if whole else src[b0:b0 + nb])
+            if ws.multi_block:
+                ws.flags.fill(0)
+            engine = _CupyEngine(fac, ws, funcs, hc, tc, sc, stages, device_id, lanes)
+            drive(fac, SkipStages(engine, skip) if skip else engine)
 
 
 _TMAT_FUNCTIONS: dict[int, tuple] = {}

@@ -145,6 +145,10 @@ class Schedule:
     # precisions above; "split", generated fp32 kernels that also split the rows over blocks (templates/cuda/
     # split.cu.j2), for small batches whose GEMMs would leave most SMs idle. The aggregates' products use cuBLAS.
     panel_update: str = "cublas"
+    # With aggregates: each aggregate's update of the columns past the next aggregate runs on a second stream while
+    # the next aggregate's panels factor (the panels' chain on a high-priority stream), so that the GEMM fills the
+    # SMs the panels leave idle; the next aggregate's own columns are updated first, on the panels' stream.
+    lookahead: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "panels", tuple(self.panels))
@@ -160,6 +164,11 @@ class Schedule:
         if self.panel_update == "split" and max(widths) > 32:
             raise ValueError(f"Schedule.panel_update 'split' takes panels of at most 32 columns; got widths up to "
                              f"{max(widths)}")
+        if not isinstance(self.lookahead, bool):
+            raise ValueError(f"Schedule.lookahead must be true or false, got {self.lookahead!r}")
+        if self.lookahead and not self.aggregate:
+            raise ValueError("Schedule.lookahead needs aggregates (Schedule.aggregate > 0): it overlaps an "
+                             "aggregate's update with the next aggregate's panels")
         if self.aggregate:
             starts = set(self.starts())
             cut = next((c for c in range(self.aggregate, k, self.aggregate) if c not in starts), None)
@@ -217,6 +226,8 @@ class Schedule:
             data["aggregate"] = self.aggregate
         if self.panel_update != "cublas":
             data["panel_update"] = self.panel_update
+        if self.lookahead:
+            data["lookahead"] = True
         return data
 
     @classmethod
@@ -224,7 +235,8 @@ class Schedule:
         try:
             panels = tuple(Panel(**p) for p in data["panels"])
             return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})),
-                       aggregate=data.get("aggregate", 0), panel_update=data.get("panel_update", "cublas"))
+                       aggregate=data.get("aggregate", 0), panel_update=data.get("panel_update", "cublas"),
+                       lookahead=data.get("lookahead", False))
         except KeyError as exc:
             raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
@@ -246,6 +258,7 @@ class Schedule:
         prec = self.precision
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
         text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
+        text += " (with lookahead)" if self.lookahead else ""
         return text + ("; panel products split over blocks" if self.panel_update == "split" else "")
 
 
@@ -463,6 +476,7 @@ class DefaultChoices:
     panel_update: str
     precision: Precision
     loop: bool  # Panel.loop for the warp and rows panels
+    lookahead: bool  # Schedule.lookahead
 
 
 def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
@@ -471,7 +485,7 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
     aggregate = 0 if cluster else default_aggregate(problem)
     update = default_panel_update(problem, aggregate)
     return DefaultChoices(cluster, aggregate, update, default_precision(problem, aggregate, update),
-                          default_loop(problem))
+                          default_loop(problem), default_lookahead(problem, aggregate))
 
 
 def default_loop(problem: Problem) -> bool:
@@ -481,6 +495,11 @@ def default_loop(problem: Problem) -> bool:
     or a small gain (8-block clusters 2.75 -> 2.89 µs per column, 8 x 2048² 5.12 -> 6.09 ms; 60 x 1024² 3.35 ->
     3.19, which its tuned schedule takes)."""
     return problem.batch > LANES_MAX_BATCH
+
+
+def default_lookahead(problem: Problem, aggregate: int) -> bool:
+    """LOOKAHEAD_PENDING"""
+    return False
 
 
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
@@ -497,4 +516,5 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
         panel = panel or default_panel(rows, end - col)
         panels.append(with_loop(panel, choices.loop))
         col += panel.width
-    return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update)
+    return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update,
+                    choices.lookahead)

@@ -5,6 +5,9 @@ The engine stands in for each operation with what the kernel or cuBLAS computes:
 panel factorization (writing h, tau, V^T at its place in the aggregate's buffer and (V T)^T), a product by a
 strided-batched GEMM over flat per-matrix buffers with its inputs rounded as its precision says, the T kernel by
 the slarft recurrence. Tests compare the result with the reference, which does the same algorithm on arrays.
+A lookahead schedule's side-lane products are held back until the join that waits for them, the latest point
+the GPU could run them: an operation queued between fork and join that read their results, or overwrote what they
+read, would change the result.
 """
 from __future__ import annotations
 
@@ -28,17 +31,18 @@ class _Fac:
 
 class NumpyEngine:
     def __init__(self, fac: _Fac, h: np.ndarray, tau: np.ndarray):
-        from .runtime import Sizes
+        from .runtime import Sizes, buffer_names
 
         self.fac = fac
         self.sizes = Sizes.of(fac)
         self.nb = h.shape[0]
         self.tau = tau
         self.buffers = {"h": h.reshape(self.nb, -1)}
-        for name in ("vt", "zt", "w", "g", "zg"):
-            self.buffers[name] = np.full((self.nb, getattr(self.sizes, name)), np.nan, dtype=np.float32)
+        for name in buffer_names(fac):
+            self.buffers[name] = np.full((self.nb, getattr(self.sizes, name.rstrip("2"))), np.nan, dtype=np.float32)
         self.buffers["t"] = np.full((self.nb, self.sizes.g), np.nan, dtype=np.float32)
         self.log: list[tuple] = []
+        self.held: list[tuple] = []  # side-lane GEMMs not yet run (see the module's docstring)
 
     def _matrix(self, name: str, offset: int, stride: int, rows: int, cols: int, ld: int) -> np.ndarray:
         """The (nb, rows, cols) view of a buffer: matrix b at offset + b * stride, rows ld floats apart."""
@@ -52,18 +56,18 @@ class NumpyEngine:
         self.buffers[name][...] = 0.0
         self.log.append(("zero", name))
 
-    def panel(self, index, L, epoch, vt_offset):
+    def panel(self, index, L, epoch, v):
         m, n = self.fac.m, self.fac.n
         h = self.buffers["h"].reshape(self.nb, m, n)
         p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
-        t, v = _panel(p)
+        t, vv = _panel(p)
         h[:, L.c0:, L.c0:L.c0 + L.width] = p
         self.tau[:, L.c0:L.c0 + L.width] = t
         if L.trail:
-            vr = round_to(v, self.fac.schedule.panel_gram(index))
+            vr = round_to(vv, self.fac.schedule.panel_gram(index))
             tm = _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t)
-            self._matrix("vt", vt_offset, L.v_bs, L.width, L.rows, L.v_ld)[...] = v.transpose(0, 2, 1)
-            zt = np.matmul(v, tm).transpose(0, 2, 1)
+            self._matrix(v[0], v[1], L.v_bs, L.width, L.rows, L.v_ld)[...] = vv.transpose(0, 2, 1)
+            zt = np.matmul(vv, tm).transpose(0, 2, 1)
             self._matrix("zt", 0, L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
         self.log.append(("panel", index, epoch))
 
@@ -73,8 +77,27 @@ class NumpyEngine:
         self._matrix("t", 0, self.sizes.g, a, a, a)[...] = _tmatrix(np.triu(g, 1), self.tau[:, agg.a0:agg.a1])
         self.log.append(("tmat", agg.a0))
 
+    def fork(self):
+        self.log.append(("fork",))
+
+    def join(self):
+        self.log.append(("join",))
+        held, self.held = self.held, []
+        for args in held:
+            self._gemm(*args)
+
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-             precision, via="cublas"):
+             precision, via="cublas", side=False):
+        args = (stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+                precision, via)
+        if side:
+            self.held.append(args)
+        else:
+            self._gemm(*args)
+        self.log.append(("gemm", stage, precision, via) + (("side",) if side else ()))
+
+    def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+              precision, via):
         ma = self._matrix(a[0], a[1], sa, depth if trans_a else rows, rows if trans_a else depth, lda)
         mb = self._matrix(b[0], b[1], sb, cols if trans_b else depth, depth if trans_b else cols, ldb)
         mc = self._matrix(c[0], c[1], sc, rows, cols, ldc)
@@ -86,7 +109,6 @@ class NumpyEngine:
         if via == "split":  # the split kernels' two patterns only (fp32 FMAs, summed in another order)
             assert precision == "fp32" and ((stage, trans_a, alpha, beta) == ("project", False, 1.0, 0.0) or
                                             (stage, trans_a, alpha, beta) == ("update", True, -1.0, 1.0))
-        self.log.append(("gemm", stage, precision, via))
 
 
 def geqrf(a: np.ndarray, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, list]:
@@ -100,4 +122,5 @@ def geqrf(a: np.ndarray, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, li
     tau = np.zeros((batch, fac.k), dtype=np.float32)
     engine = NumpyEngine(fac, h, tau)
     drive(fac, engine)
+    assert not engine.held, "side-lane work left unjoined"
     return h, tau, engine.log

@@ -44,6 +44,7 @@ COLS_SLICES = (2, 4, 8)
 LOOPS = (False, True)  # Panel.loop of the warp and rows panels
 SPLITS = (0.25, 0.5, 0.75, 1.0)
 AGGREGATES = (0, 64, 128, 256)
+LOOKAHEADS = (False, True)  # Schedule.lookahead, with aggregates
 # Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
 # shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
 FAMILIES = ("rows", "lanes")
@@ -59,7 +60,7 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     clustered=False: the heuristic without clusters for single matrices."""
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
-              "loop": c.loop,
+              "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
     if c.cluster:
         params["cluster_slots"] = CLUSTER_SLOTS
@@ -135,7 +136,7 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
     return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
-                    params.get("panel_update", "cublas"))
+                    params.get("panel_update", "cublas"), bool(aggregate) and params.get("lookahead", False))
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
@@ -161,6 +162,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
         params["lanes_cluster"] = trial.suggest_categorical("lanes_cluster", CLUSTERS)
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
+    if params["aggregate"]:
+        params["lookahead"] = trial.suggest_categorical("lookahead", LOOKAHEADS)
     params["panel_update"] = trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS)
@@ -319,24 +322,27 @@ def _variations(problem: Problem) -> list[dict]:
     margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
     precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows
     per warp); where the default has clusters, the default
-    without them; where it has warp or rows panels, the other column loop."""
+    without them; where it has warp or rows panels, the other column loop; with aggregates, the other lookahead."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:
         other = "fp32" if params["project"] == "tf32" else "tf32"
         found.append({**params, "project": other, "update": other, "panel_update": "split"})
     if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
-        rows = {**DEFAULT_PARAMS, **{key: params[key] for key in ("aggregate", "panel_update", *STAGES)}}
+        shared = ("aggregate", "panel_update", *STAGES) + (("lookahead",) if "lookahead" in params else ())
+        rows = {**DEFAULT_PARAMS, **{key: params[key] for key in shared}}
         found += [{**rows, "cluster": c, "cluster_slots": CLUSTER_SLOTS} for c in (8, 4) if c != params.get("cluster")]
         found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
                   if slots != CLUSTER_SLOTS]
-        lanes = {key: rows[key] for key in ("split", "aggregate", "panel_update", *STAGES)}
+        lanes = {key: rows[key] for key in ("split", *shared)}
         found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8, "loop": False}
                   for slots in (16, 32)]
     if params.get("cluster"):
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):
         found.append({**params, "loop": not params["loop"]})
+    if "lookahead" in params:
+        found.append({**params, "lookahead": not params["lookahead"]})
     return found
 
 
@@ -358,6 +364,8 @@ def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> li
         except (ValueError, OSError):
             continue
         params = prov.get("params")
+        if params and params.get("aggregate") and "lookahead" not in params:  # tuned before lookahead existed
+            params = {**params, "lookahead": schedule.lookahead}
         if params:
             distance = abs(math.log((schedule.m * schedule.n) / (problem.m * problem.n)))
             found.append((distance, params))

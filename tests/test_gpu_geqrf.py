@@ -203,15 +203,7 @@ def test_tune_on_the_gpu(tmp_path):
     assert path.exists() and result.outcome.accurate and result.outcome.time_us > 0
 
 
-@pytest.mark.parametrize("panel_update", ["cublas", "split"])
-@pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
-                                                 (1024, 1024, 32, 256), (2000, 300, 8, 128)])
-def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update):
-    """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A); the
-    panels' own products through cuBLAS or the split kernels."""
-    import cupy
-
-    from qrgen.runtime import Factorizer
+def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahead=False):
     from qrgen.schedule import Schedule, default_panel
 
     k = min(m, n)
@@ -221,7 +213,20 @@ def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update)
         panel = default_panel(m - col, end - col, (width,))
         panels.append(panel)
         col += panel.width
-    schedule = Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update)
+    return Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update, lookahead=lookahead)
+
+
+@pytest.mark.parametrize("panel_update,lookahead", [("cublas", False), ("split", False), ("split", True)])
+@pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
+                                                 (1024, 1024, 32, 256), (2000, 300, 8, 128)])
+def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update, lookahead):
+    """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A); the
+    panels' own products through cuBLAS or the split kernels; with lookahead, on two streams."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+
+    schedule = _aggregated_schedule(m, n, width, aggregate, panel_update, lookahead)
     fac = Factorizer(m, n, schedule, "sm_90")
     for family in FAMILIES:
         a = stress(family, m, n, 3, seed=aggregate)
@@ -366,6 +371,42 @@ def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():
 
         factor, orth = _q_gates(second, q.get(), r.get())
         assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())
+
+
+def test_lookahead_on_the_callers_stream_and_in_a_graph():
+    """A lookahead schedule runs on its own two streams between events on the caller's: queued after the caller's
+    earlier work (here a fill it must not overtake), finished before the caller's later work, and capturable: a
+    graph replayed on new data gives what an eager call on that data gives."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+
+    schedule = _aggregated_schedule(1024, 1024, 32, 128, "split", lookahead=True)
+    fac = Factorizer(1024, 1024, schedule, "sm_90")
+    first, second = stress("random", 1024, 1024, 2, seed=5), mixed(1024, 1024, 2, seed=6)[0]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cupy.empty((2, 1024, 1024), dtype=cupy.float32)
+        a.fill(float("nan"))
+        a.set(first, stream=stream)
+        h, tau = fac(a)
+        h2 = h * 1.0  # queued on the caller's stream after the call
+        stream.synchronize()
+        assert check(first, h2, tau).ok
+        a.set(second, stream=stream)
+        eager_h, eager_tau = fac(a)
+        stream.synchronize()
+        a.set(first, stream=stream)
+        stream.synchronize()
+        stream.begin_capture()
+        gh, gtau = fac(a)
+        graph = stream.end_capture()
+        a.set(second, stream=stream)
+        graph.launch(stream)
+        stream.synchronize()
+    assert check(second, gh, gtau).ok
+    scale = float(cupy.abs(eager_h).max())
+    assert float(cupy.abs(gh - eager_h).max()) <= 1e-5 * scale and float(cupy.abs(gtau - eager_tau).max()) <= 1e-5
 
 
 def test_check_on_the_gpu_matches_lapack():

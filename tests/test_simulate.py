@@ -10,7 +10,8 @@ from qrgen.schedule import Panel, Precision, Schedule, default_schedule
 from qrgen.testing import FAMILIES, stress
 
 
-def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", panel_update="cublas"):
+def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", panel_update="cublas",
+             lookahead=False):
     k = min(m, n)
     widths = [width] * (k // width) + ([k % width] if k % width else [])
     if variant == "cols":
@@ -19,7 +20,7 @@ def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", pa
         panels = tuple(Panel(w, "lanes", 256) for w in widths)
     else:
         panels = tuple(Panel(w, "rows", 64) for w in widths)
-    return Schedule(m, n, panels, precision, aggregate, panel_update)
+    return Schedule(m, n, panels, precision, aggregate, panel_update, lookahead)
 
 
 SCHEDULES = [
@@ -34,10 +35,17 @@ SCHEDULES = [
     _uniform(160, 120, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32"), variant="lanes"),
     _uniform(200, 150, 8, aggregate=64, panel_update="split"),
     _uniform(90, 120, 32, panel_update="split", variant="lanes"),
+    _uniform(200, 200, 16, aggregate=32, lookahead=True),
+    _uniform(300, 170, 16, aggregate=48, lookahead=True, panel_update="split"),
+    _uniform(130, 230, 32, aggregate=32, lookahead=True, variant="lanes"),
 ]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.m}x{s.n}-a{s.aggregate}-{s.panel_update}")
+def _id(s):
+    return f"{s.m}x{s.n}-a{s.aggregate}-{s.panel_update}" + ("-ahead" if s.lookahead else "")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_id)
 def test_launch_sequence_matches_the_reference(schedule):
     a = stress("random", schedule.m, schedule.n, 3, seed=schedule.m)
     h, tau, log = simulate.geqrf(a, schedule)
@@ -117,3 +125,36 @@ def test_split_panel_products():
         splits, chunk = split_rows(rows, nc, batch, 132)
         assert chunk % 64 == 0 and (splits - 1) * chunk < rows <= splits * chunk
         assert splits == 1 or batch * -(-nc // 32) * (splits - 1) < 2 * 132
+
+
+def test_lookahead_lanes():
+    """Lookahead: each aggregate but the last two updates the next aggregate's columns on the main lane, then forks
+    the rest to the side lane, joined before the next aggregate's own update; the NumPy engine runs side work at
+    the join (the latest the GPU could), so a join left out shows as a wrong factorization."""
+    schedule = _uniform(256, 256, 16, aggregate=64, lookahead=True)
+    a = stress("random", 256, 256, 2, seed=4)
+    h, tau, log = simulate.geqrf(a, schedule)
+    hr, tr = reference.geqrf(a, schedule, dtype=np.float32)
+    assert np.abs(h - hr).max() <= 1e-4 * np.abs(a).max()
+    marks = [e[0] for e in log if e[0] in ("fork", "join")]
+    assert marks == ["fork", "join"] * 2  # aggregates 0 and 1 fork; 2 has nothing past aggregate 3
+    side = [e for e in log if e[-1] == "side"]
+    assert [e[1] for e in side] == ["project", "update"] * 2
+    assert ("zero", "vt2") in log and ("zero", "vt") in log
+    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["lookahead"] is True
+    assert "lookahead" not in _uniform(256, 256, 16, aggregate=64).to_json()
+    with pytest.raises(ValueError, match="lookahead needs aggregates"):
+        _uniform(100, 100, 20, lookahead=True)
+
+    class LateJoin(simulate.NumpyEngine):  # a plan that joined only at the end would read stale columns
+        def join(self):
+            pass
+
+    fac = simulate._Fac(schedule)
+    from qrgen.runtime import drive
+
+    late = a.copy()
+    engine = LateJoin(fac, late, np.zeros((2, 256), dtype=np.float32))
+    drive(fac, engine)
+    simulate.NumpyEngine.join(engine)
+    assert np.abs(late - hr).max() > 1e-2 * np.abs(a).max()
