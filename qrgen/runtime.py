@@ -305,6 +305,18 @@ def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
     return names + (("vt2", "zg2", "w2") if fac.schedule.lookahead else ())
 
 
+LOOKAHEAD_WAVES = 2  # waves of 128 x 128 tiles per side-stream piece (side_pieces)
+
+
+def side_pieces(c0: int, c1: int, rows: int, batch: int, sms: int) -> list[tuple[int, int]]:
+    """Columns [c0, c1) of a lookahead's side-stream update in pieces of about LOOKAHEAD_WAVES waves of 128 x 128
+    tiles over the SMs (whole multiples of 64 columns, at least 128), one GEMM pair each: a piece's last wave
+    drains before the next piece may start, so a panel kernel waiting on the main stream gets whole SMs there (a
+    cluster needs several free at once) even where stream priorities do not apply (graph replays)."""
+    width = max(128, LOOKAHEAD_WAVES * sms * 128 * 128 // max(1, rows * batch) // 64 * 64)
+    return [(c, min(c + width, c1)) for c in range(c0, c1, width)]
+
+
 def drive(fac: "Factorizer", engine) -> None:
     """The launch sequence of one chunk of matrices, on any engine (CuPy here; NumPy in qrgen.simulate).
 
@@ -375,7 +387,8 @@ def drive(fac: "Factorizer", engine) -> None:
             near = nxt.a1 - agg.a1
             products(*args, row0 + agg.a1, near, "w", prec.project, prec.update)
             engine.fork()
-            products(*args, row0 + nxt.a1, agg.nc - near, "w2", prec.project, prec.update, side=True)
+            for c0, c1 in side_pieces(nxt.a1, n, rows, engine.nb, engine.sms):
+                products(*args, row0 + c0, c1 - c0, "w2", prec.project, prec.update, side=True)
             pending = True
         else:
             products(*args, row0 + agg.a1, agg.nc, "w", prec.project, prec.update)
@@ -394,7 +407,8 @@ class SkipStages:
         unknown = set(skip) - set(STAGES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; the stages are {STAGES}")
-        self.engine, self.skip, self.sizes = engine, frozenset(skip), engine.sizes
+        self.engine, self.skip = engine, frozenset(skip)
+        self.sizes, self.nb, self.sms = engine.sizes, engine.nb, engine.sms
 
     def zero(self, name):
         self.engine.zero(name)
@@ -531,7 +545,7 @@ class _CupyEngine:
         self.cupy = cupy
         self.device_id = device_id
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
-        self.sizes = ws.sizes
+        self.sizes, self.sms = ws.sizes, ws.sms
         self.nb = h.shape[0]
         self.h, self.tau, self.src = h, tau, src
         self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr

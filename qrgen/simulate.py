@@ -36,6 +36,7 @@ class NumpyEngine:
         self.fac = fac
         self.sizes = Sizes.of(fac)
         self.nb = h.shape[0]
+        self.sms = 132  # the H200's, for the lookahead's side pieces (runtime.side_pieces)
         self.tau = tau
         self.buffers = {"h": h.reshape(self.nb, -1)}
         for name in buffer_names(fac):
