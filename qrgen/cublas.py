@@ -41,10 +41,11 @@ def _library():
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(p)]
         lib.cublasSetStream_v2.argtypes = [p, p]
         lib.cublasSetWorkspace_v2.argtypes = [p, p, sz]
+        lib.cublasSetSmCountTarget.argtypes = [p, i]
         lib.cublasGemmStridedBatchedEx.argtypes = [p, i, i, i, i, i, p, p, i, i, ll, p, i, i, ll, p, p, i, i, ll,
                                                    i, i, i]
         for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
-                   lib.cublasGemmStridedBatchedEx):
+                   lib.cublasSetSmCountTarget, lib.cublasGemmStridedBatchedEx):
             fn.restype = ctypes.c_int
         _lib = lib
     return _lib
@@ -56,7 +57,7 @@ def _check(status: int, what: str) -> None:
 
 
 def _handle(device_id: int, slot: int = 0) -> list:
-    """[handle, workspace, stream last set] of this thread on this device (a cuBLAS handle holds one stream at a
+    """[handle, workspace, stream last set, SM count target last set] of this thread on this device (a cuBLAS handle holds one stream at a
     time, so threads do not share handles, as in CuPy); slot 1 is a second one, for GEMMs that run at the same
     time as slot 0's on another stream (a workspace must not be shared by kernels running at once)."""
     handles = getattr(_local, "handles", None)
@@ -72,22 +73,26 @@ def _handle(device_id: int, slot: int = 0) -> list:
             _check(lib.cublasCreate_v2(ctypes.byref(handle)), "create")
             workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
             _check(lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES), "set workspace")
-        entry = handles[(device_id, slot)] = [handle, workspace, None]
+        entry = handles[(device_id, slot)] = [handle, workspace, None, 0]
     return entry
 
 
 def gemm(device_id: int, stream_ptr: int, trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int,
          alpha: float, a_ptr: int, lda: int, sa: int, b_ptr: int, ldb: int, sb: int, beta: float, c_ptr: int,
-         ldc: int, sc: int, batch: int, precision: str, slot: int = 0) -> None:
+         ldc: int, sc: int, batch: int, precision: str, slot: int = 0, sm_target: int = 0) -> None:
     """Row-major C = alpha op(A) op(B) + beta C for `batch` matrices at fixed strides (in floats), computed as
     cuBLAS's column-major C^T = op(B)^T op(A)^T. Inputs rounded as `precision` says, fp32 accumulation; `slot`
-    picks the thread's handle (see _handle)."""
+    picks the thread's handle (see _handle); `sm_target` > 0: the SMs cuBLAS may plan for (cublasSetSmCountTarget,
+    for a GEMM that shares the GPU with kernels on another stream), 0 all of them."""
     lib = _library()
     entry = _handle(device_id, slot)
     handle = entry[0]
     if entry[2] != stream_ptr:
         _check(lib.cublasSetStream_v2(handle, stream_ptr), "set stream")
         entry[2] = stream_ptr
+    if entry[3] != sm_target:
+        _check(lib.cublasSetSmCountTarget(handle, sm_target), "set SM count target")
+        entry[3] = sm_target
     _check(lib.cublasGemmStridedBatchedEx(
         handle, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
         cols, rows, depth, _SCALARS[alpha].ctypes.data, b_ptr, CUDA_R_32F, ldb, sb, a_ptr, CUDA_R_32F, lda, sa,

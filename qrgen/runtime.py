@@ -305,6 +305,7 @@ def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
     return names + (("vt2", "zg2", "w2") if fac.schedule.lookahead else ())
 
 
+SIDE_SM_TARGET = True  # the side lane's cuBLAS handle plans for the SMs the panels leave (_CupyEngine.side_sms)
 LOOKAHEAD_WAVES = 2  # waves of 128 x 128 tiles per side-stream piece (side_pieces)
 
 
@@ -546,6 +547,9 @@ class _CupyEngine:
         self.device_id = device_id
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
         self.sizes, self.sms = ws.sizes, ws.sms
+        # The side lane's GEMMs plan for the SMs the panels leave (the widest panel's blocks over the chunk).
+        self.side_sms = max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb) \
+            if SIDE_SM_TARGET else 0
         self.nb = h.shape[0]
         self.h, self.tau, self.src = h, tau, src
         self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr
@@ -623,7 +627,8 @@ class _CupyEngine:
         side = side and self.lanes is not None
         cublas.gemm(self.device_id, self.lanes.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
                     depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
-                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side))
+                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side),
+                    sm_target=self.side_sms if side else 0)
         self._done(stop)
 
     def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
