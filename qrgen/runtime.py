@@ -547,10 +547,10 @@ class _CupyEngine:
         self.device_id = device_id
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
         self.sizes, self.sms = ws.sizes, ws.sms
+        self.nb = h.shape[0]
         # The side lane's GEMMs plan for the SMs the panels leave (the widest panel's blocks over the chunk).
         self.side_sms = max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb) \
             if SIDE_SM_TARGET else 0
-        self.nb = h.shape[0]
         self.h, self.tau, self.src = h, tau, src
         self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr
         self.src_ptr = None if src is None else src.data.ptr
