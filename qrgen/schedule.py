@@ -145,10 +145,11 @@ class Schedule:
     # precisions above; "split", generated fp32 kernels that also split the rows over blocks (templates/cuda/
     # split.cu.j2), for small batches whose GEMMs would leave most SMs idle. The aggregates' products use cuBLAS.
     panel_update: str = "cublas"
-    # With aggregates: each aggregate's update of the columns past the next aggregate runs on a second stream while
-    # the next aggregate's panels factor (the panels' chain on a high-priority stream), so that the GEMM fills the
-    # SMs the panels leave idle; the next aggregate's own columns are updated first, on the panels' stream.
-    lookahead: bool = False
+    # With aggregates, L > 0: each aggregate's update of the columns past the next aggregate runs on a second stream
+    # while the next aggregate's panels factor (their chain on a high-priority stream; the next aggregate's own
+    # columns are updated first), in pieces of about L waves of 128 x 128 tiles (runtime.side_pieces; a large L:
+    # one piece), so that its GEMMs fill the SMs the panels leave idle. 0: off.
+    lookahead: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "panels", tuple(self.panels))
@@ -164,8 +165,9 @@ class Schedule:
         if self.panel_update == "split" and max(widths) > 32:
             raise ValueError(f"Schedule.panel_update 'split' takes panels of at most 32 columns; got widths up to "
                              f"{max(widths)}")
-        if not isinstance(self.lookahead, bool):
-            raise ValueError(f"Schedule.lookahead must be true or false, got {self.lookahead!r}")
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 0:
+            raise ValueError(f"Schedule.lookahead must be 0 (off) or the waves per side-stream piece (> 0), got "
+                             f"{self.lookahead!r}")
         if self.lookahead and not self.aggregate:
             raise ValueError("Schedule.lookahead needs aggregates (Schedule.aggregate > 0): it overlaps an "
                              "aggregate's update with the next aggregate's panels")
@@ -227,7 +229,7 @@ class Schedule:
         if self.panel_update != "cublas":
             data["panel_update"] = self.panel_update
         if self.lookahead:
-            data["lookahead"] = True
+            data["lookahead"] = self.lookahead
         return data
 
     @classmethod
@@ -236,7 +238,7 @@ class Schedule:
             panels = tuple(Panel(**p) for p in data["panels"])
             return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})),
                        aggregate=data.get("aggregate", 0), panel_update=data.get("panel_update", "cublas"),
-                       lookahead=data.get("lookahead", False))
+                       lookahead=data.get("lookahead", 0))
         except KeyError as exc:
             raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
@@ -258,7 +260,7 @@ class Schedule:
         prec = self.precision
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
         text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
-        text += " (with lookahead)" if self.lookahead else ""
+        text += f" (lookahead, pieces of {self.lookahead} waves)" if self.lookahead else ""
         return text + ("; panel products split over blocks" if self.panel_update == "split" else "")
 
 
@@ -476,7 +478,7 @@ class DefaultChoices:
     panel_update: str
     precision: Precision
     loop: bool  # Panel.loop for the warp and rows panels
-    lookahead: bool  # Schedule.lookahead
+    lookahead: int  # Schedule.lookahead
 
 
 def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
@@ -484,8 +486,9 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
     cluster = default_cluster(problem) if clustered else 0
     aggregate = 0 if cluster else default_aggregate(problem)
     update = default_panel_update(problem, aggregate)
-    return DefaultChoices(cluster, aggregate, update, default_precision(problem, aggregate, update),
-                          default_loop(problem), default_lookahead(problem, aggregate))
+    precision = default_precision(problem, aggregate, update)
+    return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem),
+                          default_lookahead(problem, aggregate, precision))
 
 
 def default_loop(problem: Problem) -> bool:
@@ -497,9 +500,19 @@ def default_loop(problem: Problem) -> bool:
     return problem.batch > LANES_MAX_BATCH
 
 
-def default_lookahead(problem: Problem, aggregate: int) -> bool:
-    """LOOKAHEAD_PENDING"""
-    return False
+LOOKAHEAD_PIECES = 2  # default Schedule.lookahead where the side GEMMs are fp32
+LOOKAHEAD_WHOLE = 32  # ... and where they run on tensor cores (one piece at every shape measured)
+
+
+def default_lookahead(problem: Problem, aggregate: int, precision: Precision) -> int:
+    """Lookahead for aggregated batches of 2 or more. Measured on the H200 against the same schedules without it
+    (BENCHMARKS.md, eighth session; graph replay, eager in brackets): 60 x 1024² (fp32 products) 6,055 -> 5,625 µs
+    (6,288 -> 5,718) in pieces of 2 waves, 5,877 (5,660) in one piece; 8 x 2048² (tf32) 5,540 -> 5,355 in one
+    piece, 5,490 in pieces of 2 waves; 2 x 4096² (fp16/bf16) 14,430 -> 14,240 in one piece, 14,417 in pieces;
+    1 x 40000x256 unchanged (within 1%), so single matrices keep it off."""
+    if not aggregate or problem.batch < 2:
+        return 0
+    return LOOKAHEAD_PIECES if precision.update == "fp32" else LOOKAHEAD_WHOLE
 
 
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:

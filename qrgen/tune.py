@@ -44,7 +44,7 @@ COLS_SLICES = (2, 4, 8)
 LOOPS = (False, True)  # Panel.loop of the warp and rows panels
 SPLITS = (0.25, 0.5, 0.75, 1.0)
 AGGREGATES = (0, 64, 128, 256)
-LOOKAHEADS = (False, True)  # Schedule.lookahead, with aggregates
+LOOKAHEADS = (0, 2, 32)  # Schedule.lookahead (waves per side piece; 0 off), with aggregates
 # Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
 # shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
 FAMILIES = ("rows", "lanes")
@@ -136,7 +136,7 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
     return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
-                    params.get("panel_update", "cublas"), bool(aggregate) and params.get("lookahead", False))
+                    params.get("panel_update", "cublas"), params.get("lookahead", 0) if aggregate else 0)
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
@@ -322,7 +322,7 @@ def _variations(problem: Problem) -> list[dict]:
     margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
     precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows
     per warp); where the default has clusters, the default
-    without them; where it has warp or rows panels, the other column loop; with aggregates, the other lookahead."""
+    without them; where it has warp or rows panels, the other column loop; with aggregates, the other lookaheads."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:
@@ -342,7 +342,7 @@ def _variations(problem: Problem) -> list[dict]:
     if _has_loop_choice(problem, params):
         found.append({**params, "loop": not params["loop"]})
     if "lookahead" in params:
-        found.append({**params, "lookahead": not params["lookahead"]})
+        found += [{**params, "lookahead": v} for v in LOOKAHEADS if v != params["lookahead"]]
     return found
 
 

@@ -203,7 +203,7 @@ def test_tune_on_the_gpu(tmp_path):
     assert path.exists() and result.outcome.accurate and result.outcome.time_us > 0
 
 
-def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahead=False):
+def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahead=0):
     from qrgen.schedule import Schedule, default_panel
 
     k = min(m, n)
@@ -216,7 +216,7 @@ def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahea
     return Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update, lookahead=lookahead)
 
 
-@pytest.mark.parametrize("panel_update,lookahead", [("cublas", False), ("split", False), ("split", True)])
+@pytest.mark.parametrize("panel_update,lookahead", [("cublas", 0), ("split", 0), ("split", 32), ("cublas", 1)])
 @pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
                                                  (1024, 1024, 32, 256), (2000, 300, 8, 128)])
 def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update, lookahead):
@@ -381,7 +381,7 @@ def test_lookahead_on_the_callers_stream_and_in_a_graph():
 
     from qrgen.runtime import Factorizer
 
-    schedule = _aggregated_schedule(1024, 1024, 32, 128, "split", lookahead=True)
+    schedule = _aggregated_schedule(1024, 1024, 32, 128, "split", lookahead=2)
     fac = Factorizer(1024, 1024, schedule, "sm_90")
     first, second = stress("random", 1024, 1024, 2, seed=5), mixed(1024, 1024, 2, seed=6)[0]
     stream = cupy.cuda.Stream(non_blocking=True)

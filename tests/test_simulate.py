@@ -11,7 +11,7 @@ from qrgen.testing import FAMILIES, stress
 
 
 def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", panel_update="cublas",
-             lookahead=False):
+             lookahead=0):
     k = min(m, n)
     widths = [width] * (k // width) + ([k % width] if k % width else [])
     if variant == "cols":
@@ -35,9 +35,9 @@ SCHEDULES = [
     _uniform(160, 120, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32"), variant="lanes"),
     _uniform(200, 150, 8, aggregate=64, panel_update="split"),
     _uniform(90, 120, 32, panel_update="split", variant="lanes"),
-    _uniform(200, 200, 16, aggregate=32, lookahead=True),
-    _uniform(300, 170, 16, aggregate=48, lookahead=True, panel_update="split"),
-    _uniform(130, 230, 32, aggregate=32, lookahead=True, variant="lanes"),
+    _uniform(200, 200, 16, aggregate=32, lookahead=32),
+    _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="split"),
+    _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes"),
 ]
 
 
@@ -131,7 +131,7 @@ def test_lookahead_lanes():
     """Lookahead: each aggregate but the last two updates the next aggregate's columns on the main lane, then forks
     the rest to the side lane, joined before the next aggregate's own update; the NumPy engine runs side work at
     the join (the latest the GPU could), so a join left out shows as a wrong factorization."""
-    schedule = _uniform(256, 256, 16, aggregate=64, lookahead=True)
+    schedule = _uniform(256, 256, 16, aggregate=64, lookahead=32)
     a = stress("random", 256, 256, 2, seed=4)
     h, tau, log = simulate.geqrf(a, schedule)
     hr, tr = reference.geqrf(a, schedule, dtype=np.float32)
@@ -141,10 +141,13 @@ def test_lookahead_lanes():
     side = [e for e in log if e[-1] == "side"]
     assert [e[1] for e in side] == ["project", "update"] * 2
     assert ("zero", "vt2") in log and ("zero", "vt") in log
-    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["lookahead"] is True
+    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["lookahead"] == 32
     assert "lookahead" not in _uniform(256, 256, 16, aggregate=64).to_json()
     with pytest.raises(ValueError, match="lookahead needs aggregates"):
-        _uniform(100, 100, 20, lookahead=True)
+        _uniform(100, 100, 20, lookahead=2)
+    for bad in (True, -1, 2.0):
+        with pytest.raises(ValueError, match="Schedule.lookahead"):
+            _uniform(256, 256, 16, aggregate=64, lookahead=bad)
 
     class LateJoin(simulate.NumpyEngine):  # a plan that joined only at the end would read stale columns
         def join(self):
@@ -158,3 +161,16 @@ def test_lookahead_lanes():
     drive(fac, engine)
     simulate.NumpyEngine.join(engine)
     assert np.abs(late - hr).max() > 1e-2 * np.abs(a).max()
+
+
+def test_side_pieces_cover_the_columns_once():
+    from qrgen.runtime import side_pieces
+
+    for c0, c1, rows, batch, waves in [(256, 4096, 3840, 2, 2), (256, 4096, 3840, 2, 32), (128, 1024, 896, 60, 2),
+                                       (64, 100, 50, 1, 1), (384, 2048, 1664, 8, 2)]:
+        pieces = side_pieces(c0, c1, rows, batch, 132, waves)
+        assert pieces[0][0] == c0 and pieces[-1][1] == c1
+        assert all(a1 == b0 for (_, a1), (b0, _) in zip(pieces, pieces[1:]))
+        assert all((b - a) % 64 == 0 and b - a >= 128 for a, b in pieces[:-1])
+    assert len(side_pieces(256, 4096, 3840, 2, 132, 32)) == 1  # 32 waves: one piece at 2 x 4096²
+    assert len(side_pieces(256, 4096, 3840, 2, 132, 2)) == 8  # 2 waves of 128² tiles: 512 columns a piece
