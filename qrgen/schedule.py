@@ -375,6 +375,17 @@ def cluster_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_SLOTS
     return None
 
 
+CLUSTER_LANE_SLOTS = 16  # rows per warp of the default's lanes panels on clusters (cluster_lanes_panel)
+
+
+def cluster_lanes_panel(rows: int, width: int, blocks: int) -> Panel | None:
+    """The default's panel on a cluster of `blocks` blocks: lanes panels of CLUSTER_LANE_SLOTS rows per warp where
+    they fit, else rows panels (cluster_panel). Measured on the H200 against rows panels on the same clusters
+    (BENCHMARKS.md, eighth session; graph replay): 1 x 2048² 4,104 -> 3,602 µs, 1 x 4096x1024 3,125 -> 2,963,
+    1 x 4096² 12,779 -> 12,412, 2 x 4096² 14,115 -> 11,224; 32 rows per warp was slower at each."""
+    return lanes_panel(rows, width, CLUSTER_LANE_SLOTS, blocks) or cluster_panel(rows, width, blocks)
+
+
 def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 1) -> Panel | None:
     """A lanes panel for `rows` x `width` with about `slots` rows per warp (more warps where registers demand),
     or None where even 32 warps cannot hold the rows. "auto": 8 rows per warp up to 256 rows, else 16 (the
@@ -524,7 +535,7 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
     while col < problem.k:
         end = problem.k if not aggregate else min(problem.k, (col // aggregate + 1) * aggregate)
         rows = problem.m - col
-        panel = cluster_panel(rows, min(32, end - col), cluster) if cluster else None
+        panel = cluster_lanes_panel(rows, min(32, end - col), cluster) if cluster else None
         panel = panel or (lanes_panel(rows, min(32, end - col), "auto") if lanes else None)
         panel = panel or default_panel(rows, end - col)
         panels.append(with_loop(panel, choices.loop))

@@ -28,7 +28,7 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR,
+from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR,
                        Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
                        lanes_panel, load, save, with_loop)
 
@@ -62,9 +62,10 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
-    if c.cluster:
-        params["cluster_slots"] = CLUSTER_SLOTS
-    if problem.batch <= LANES_MAX_BATCH and not c.cluster:
+    if c.cluster:  # lanes panels on clusters where they fit, rows panels on clusters elsewhere (cluster_lanes_panel)
+        params.update(family="lanes", lanes_head=32, lane_slots=CLUSTER_LANE_SLOTS, lanes_cluster=c.cluster)
+        del params["rows_head"], params["cluster"]
+    elif problem.batch <= LANES_MAX_BATCH:
         params.update(family="lanes", lanes_head=32, lane_slots="auto", lanes_cluster=0)
         del params["rows_head"], params["cluster"]
     return params
@@ -125,7 +126,8 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
             width = min(params[f"lanes_{phase}"], remaining)
             blocks = params.get("lanes_cluster", 0) or 1
-            panel = lanes_panel(rows, width, params["lane_slots"], blocks) or default_panel(rows, remaining)
+            panel = (lanes_panel(rows, width, params["lane_slots"], blocks)
+                     or (cluster_panel(rows, width, blocks) if blocks > 1 else None) or default_panel(rows, remaining))
         elif family == "cols":
             width = min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
@@ -337,7 +339,7 @@ def _variations(problem: Problem) -> list[dict]:
         lanes = {key: rows[key] for key in ("split", *shared)}
         found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8, "loop": False}
                   for slots in (16, 32)]
-    if params.get("cluster"):
+    if params.get("lanes_cluster"):  # the default's clusters (single matrices): the default without them
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):
         found.append({**params, "loop": not params["loop"]})
