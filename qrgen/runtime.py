@@ -463,6 +463,7 @@ class _Workspace:
         self.strides = {"h": fac.m * fac.n, "t": self.sizes.g,
                         **{name: getattr(self.sizes, name.rstrip("2")) for name in buffer_names(fac)}}
         self.panel_args: dict[int, _PackedArgs] = {}  # per panel, its packed launch arguments
+        self.packed: dict[tuple, _PackedArgs] = {}  # per signature, the other kernels' (_CupyEngine._launch)
         self.lanes = _Lanes() if fac.schedule.lookahead else None
 
 
@@ -505,6 +506,12 @@ class _Lanes:
 # The panel kernels' parameters (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs.
 _PANEL_PARAMS = (ctypes.c_uint64,) * 7 + (ctypes.c_uint32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                           ctypes.c_int64)
+# The split kernels' (templates/cuda/split.cu.j2) and the T kernel's (tmat.cuh.j2): pointers, leading dimensions
+# (int) and batch strides (long long) as they declare them.
+_P, _I, _L = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
+_SPLIT_PROJECT_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _L, _P, _I, _L, _P, _I, _I, _I)
+_SPLIT_UPDATE_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I)
+_TMAT_PARAMS = (_P, _P, _P, _I, _L, _I)
 
 
 class _PackedArgs:
@@ -598,10 +605,21 @@ class _CupyEngine:
         _, func = self.funcs[TMAT_KERNEL]
         a = agg.a1 - agg.a0
         stop = self._mark("tmat", None)
-        func((self.nb,), (codegen.TMAT_THREADS,),
-             (self.ws.buffers["g"], np.uint64(self.tau.data.ptr + 4 * agg.a0), self.ws.buffers["t"], np.int32(a),
-              np.int64(self.sizes.g), np.int32(self.fac.k)), shared_mem=codegen.tmat_shared_bytes(a))
+        self._launch(func, (self.nb, 1, 1), codegen.TMAT_THREADS, codegen.tmat_shared_bytes(a), _TMAT_PARAMS,
+                     (self.ptrs["g"], self.tau_ptr + 4 * agg.a0, self.ptrs["t"], a, self.sizes.g, self.fac.k))
         self._done(stop)
+
+    def _launch(self, func, grid, threads, shared, types, values):
+        """One driver call with the arguments packed as it takes them (one packed set per signature, rewritten
+        each launch: the driver copies the values when the launch is queued): a few µs of host time where CuPy's
+        generic kernel call takes about 10."""
+        args = self.ws.packed.get(types)
+        if args is None:
+            args = self.ws.packed[types] = _PackedArgs(types, values)
+        else:
+            for i, v in enumerate(values):
+                args.set(i, v)
+        self.cupy.cuda.driver.launchKernel(func.ptr, *grid, threads, 1, 1, shared, self.stream_ptr, args.address, 0)
 
     def fork(self):
         if self.lanes is not None:
@@ -635,17 +653,14 @@ class _CupyEngine:
             splits, chunk = split_rows(depth, cols, self.ws.chunk, self.ws.sms)  # as the workspace was sized
             _, func = self.funcs[codegen.split_name("project", rows)]
             part = self.ws.buffers["part"]
-            func((tiles, splits, self.nb), (codegen.SPLIT_THREADS,),
-                 (np.uint64(ptr[a[0]] + 4 * a[1]), np.int32(lda), np.int64(sa),
-                  np.uint64(ptr[b[0]] + 4 * b[1]), np.int32(ldb), np.int64(sb), part, np.int64(part.shape[1]),
-                  np.uint64(ptr[c[0]] + 4 * c[1]), np.int32(ldc), np.int64(sc), self.ws.counters,
-                  np.int32(depth), np.int32(cols), np.int32(chunk)))
+            self._launch(func, (tiles, splits, self.nb), codegen.SPLIT_THREADS, 0, _SPLIT_PROJECT_PARAMS,
+                         (ptr[a[0]] + 4 * a[1], lda, sa, ptr[b[0]] + 4 * b[1], ldb, sb, part.data.ptr, part.shape[1],
+                          ptr[c[0]] + 4 * c[1], ldc, sc, self.ws.counters.data.ptr, depth, cols, chunk))
         else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
             _, func = self.funcs[codegen.split_name("update", depth)]
-            func((tiles, -(-rows // codegen.SPLIT_TILE), self.nb), (codegen.SPLIT_THREADS,),
-                 (np.uint64(ptr[a[0]] + 4 * a[1]), np.int32(lda), np.int64(sa),
-                  np.uint64(ptr[b[0]] + 4 * b[1]), np.int32(ldb), np.int64(sb),
-                  np.uint64(ptr[c[0]] + 4 * c[1]), np.int32(ldc), np.int64(sc), np.int32(rows), np.int32(cols)))
+            self._launch(func, (tiles, -(-rows // codegen.SPLIT_TILE), self.nb), codegen.SPLIT_THREADS, 0,
+                         _SPLIT_UPDATE_PARAMS, (ptr[a[0]] + 4 * a[1], lda, sa, ptr[b[0]] + 4 * b[1], ldb, sb,
+                                                ptr[c[0]] + 4 * c[1], ldc, sc, rows, cols))
 
 
 def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None,
