@@ -553,7 +553,8 @@ class _CupyEngine:
         self.sizes, self.sms = ws.sizes, ws.sms
         self.nb = h.shape[0]
         # The side lane's GEMMs plan for the SMs the panels leave (the widest panel's blocks over the chunk):
-        # measured on the H200 with one piece, 8 x 2048² 5,450 -> 5,355 µs, 2 x 4096² 14,500 -> 14,240.
+        # with one piece, measured on the H200 without it (calls 2 and 3 of BENCHMARKS.md's eighth session) and
+        # with it (call 5): 8 x 2048² 5,423 and 5,446 -> 5,355 µs, 2 x 4096² 14,303 and 14,464 -> 14,240.
         self.side_sms = max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb)
         self.h, self.tau, self.src = h, tau, src
         self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr
