@@ -183,6 +183,9 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> s
              f"{max(0.0, eager - full):,.1f} µs)",
              f"  panel kernels {panels:,.1f} µs ({panels / k:.2f} µs per column)",
              f"  trailing-update GEMMs {gemm:,.1f} µs ({gemm_flops(fac, batch) / max(gemm, 1e-9) / 1e6:.1f} TFLOP/s)"]
+    if fac.schedule.lookahead:
+        lines.append("  (lookahead: each figure is what leaving the stage out saves; GEMM time hidden behind the "
+                     "panels is in none of them)")
     if fac.aggregates:
         parts = ", ".join(f"{label} {max(0.0, full - timed((stage,))):,.1f}"
                           for label, stage in (("G", "gram"), ("T", "tmat"), ("(VT)^T", "aggregate")))
