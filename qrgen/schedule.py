@@ -317,7 +317,8 @@ def check_precision(precision) -> None:
 def find(problem: Problem, target: Target, root: Path | None = None,
          precision: str | None = None) -> tuple[Schedule, str]:
     """The tuned schedule for this problem if a file exists, else the default. Returns (schedule, origin).
-    precision="fp32": the same schedule with every stage in fp32."""
+    precision="fp32": the same schedule with every stage in fp32 (a lookahead then in pieces, as default_lookahead
+    takes it for fp32 products)."""
     check_precision(precision)
     path = schedule_path(problem, target, root)
     if path.exists():
@@ -328,7 +329,9 @@ def find(problem: Problem, target: Target, root: Path | None = None,
     else:
         schedule, origin = default_schedule(problem, target), "default (heuristic)"
     if precision == "fp32" and schedule.precision != Precision():
-        schedule, origin = replace(schedule, precision=Precision()), f"{origin}, every stage in fp32"
+        lookahead = LOOKAHEAD_PIECES if schedule.lookahead else 0
+        schedule = replace(schedule, precision=Precision(), lookahead=lookahead)
+        origin = f"{origin}, every stage in fp32"
     return schedule, origin
 
 

@@ -143,6 +143,7 @@ def test_find_in_fp32_keeps_the_panels():
     fp32, origin32 = find(problem, target, precision="fp32")
     assert fp32.precision == Precision() and fp32.panels == tuned.panels and fp32.aggregate == tuned.aggregate
     assert "fp32" in origin32
+    assert tuned.lookahead == 32 and fp32.lookahead == 2  # fp32 products: the side update in pieces
     assert find(Problem(64, 64, 3), target, precision="fp32")[0] == default_schedule(Problem(64, 64, 3))
     for call in (lambda: find(problem, target, precision="tf32"),
                  lambda: qrgen.geqrf(np.ones((2, 4, 4), np.float32), precision="fast"),
