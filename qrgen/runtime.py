@@ -482,6 +482,7 @@ class _Lanes:
         self.side = cupy.cuda.Stream(non_blocking=True)
         self.forked, self.joined, self.started, self.done = (
             cupy.cuda.Event(block=False, disable_timing=True) for _ in range(4))
+        self.pending = False  # side-stream work queued since the last join
 
     @contextlib.contextmanager
     def from_stream(self, caller):
@@ -489,18 +490,24 @@ class _Lanes:
         stream then waits for both lanes."""
         self.started.record(caller)
         self.main.wait_event(self.started)
-        with self.main:
-            yield
-        self.done.record(self.main)
-        caller.wait_event(self.done)
+        try:
+            with self.main:
+                yield
+        finally:  # also when a launch failed midway: the caller's later work still waits for what was queued
+            if self.pending:  # (a join without a fork would wait on the side stream's work of another call)
+                self.join()
+            self.done.record(self.main)
+            caller.wait_event(self.done)
 
     def fork(self):
         self.forked.record(self.main)
         self.side.wait_event(self.forked)
+        self.pending = True
 
     def join(self):
         self.joined.record(self.side)
         self.main.wait_event(self.joined)
+        self.pending = False
 
 
 # The panel kernels' parameters (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs.
