@@ -57,9 +57,10 @@ def _check(status: int, what: str) -> None:
 
 
 def _handle(device_id: int, slot: int = 0) -> list:
-    """[handle, workspace, stream last set, SM count target last set] of this thread on this device (a cuBLAS handle holds one stream at a
-    time, so threads do not share handles, as in CuPy); slot 1 is a second one, for GEMMs that run at the same
-    time as slot 0's on another stream (a workspace must not be shared by kernels running at once)."""
+    """[handle, workspace, stream last set, SM count target last set] of this thread on this device (a cuBLAS
+    handle holds one stream at a time, so threads do not share handles, as in CuPy); slot 1 is a second one, for
+    GEMMs that run at the same time as slot 0's on another stream (a workspace must not be shared by kernels
+    running at once)."""
     handles = getattr(_local, "handles", None)
     if handles is None:
         handles = _local.handles = {}

@@ -286,6 +286,10 @@ class Sizes:
     g: int  # G and T of an aggregate
     zg: int  # (V T)^T of an aggregate
 
+    def floats(self, name: str) -> int:
+        """Floats per matrix of a buffer of buffer_names (a lookahead's second buffers as their first)."""
+        return getattr(self, name.rstrip("2"))
+
     @classmethod
     def of(cls, fac: "Factorizer") -> "Sizes":
         trail = [L for L in fac.launches if L.trail] or fac.launches
@@ -444,7 +448,7 @@ class _Workspace:
                 per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
         self.sizes = Sizes.of(fac)
-        self.buffers = {name: cupy.empty((self.chunk, getattr(self.sizes, name.rstrip("2"))), dtype=cupy.float32)
+        self.buffers = {name: cupy.empty((self.chunk, self.sizes.floats(name)), dtype=cupy.float32)
                         for name in buffer_names(fac)}
         self.buffers["t"] = cupy.empty((self.chunk, self.sizes.g), dtype=cupy.float32)
         # The split panel products: partial sums per row block, and a counter per matrix and column tile that the
@@ -461,7 +465,7 @@ class _Workspace:
         self.multi_block = any(L.blocks > 1 and not L.cluster for L in fac.launches)  # flags to clear per call
         self.ptrs = {name: b.data.ptr for name, b in self.buffers.items()}
         self.strides = {"h": fac.m * fac.n, "t": self.sizes.g,
-                        **{name: getattr(self.sizes, name.rstrip("2")) for name in buffer_names(fac)}}
+                        **{name: self.sizes.floats(name) for name in buffer_names(fac)}}
         self.panel_args: dict[int, _PackedArgs] = {}  # per panel, its packed launch arguments
         self.packed: dict[tuple, _PackedArgs] = {}  # per signature, the other kernels' (_CupyEngine._launch)
         self.lanes = _Lanes() if fac.schedule.lookahead else None

@@ -40,7 +40,7 @@ class NumpyEngine:
         self.tau = tau
         self.buffers = {"h": h.reshape(self.nb, -1)}
         for name in buffer_names(fac):
-            self.buffers[name] = np.full((self.nb, getattr(self.sizes, name.rstrip("2"))), np.nan, dtype=np.float32)
+            self.buffers[name] = np.full((self.nb, self.sizes.floats(name)), np.nan, dtype=np.float32)
         self.buffers["t"] = np.full((self.nb, self.sizes.g), np.nan, dtype=np.float32)
         self.log: list[tuple] = []
         self.held: list[tuple] = []  # side-lane GEMMs not yet run (see the module's docstring)
