@@ -130,8 +130,11 @@ def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
     return tuple(out)
 
 
-def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]]:
-    """The distinct kernels a schedule needs, and the launch of each panel in order."""
+def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]]:
+    """The distinct kernels a schedule needs, and the launch of each panel in order. keep: every panel writes its
+    V^T and (VT)^T, the last ones too, for qr's Q (runtime.drive_q; schedules without aggregates only)."""
+    if keep and schedule.aggregate:
+        raise ValueError("a keep plan (every panel's V^T and (VT)^T kept for Q) is for schedules without aggregates")
     keys: dict[tuple, list[int]] = {}
     launches = []
     aggs = aggregates(schedule)
@@ -143,7 +146,7 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
         else:
             width = agg.a1 - agg.a0
             nc, v_row, v_ld, v_bs = agg.a1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
-        trail = nc > 0 or (agg is not None and agg.nc > 0)
+        trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
         if panel.variant == "lanes":
             slots = math.ceil(rows / (panel.blocks * panel.threads // 32))
             vec = 1
@@ -166,7 +169,7 @@ def plan(schedule: Schedule) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]
                                v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster))
     kernels = [KernelSpec(_name(key), *key[:-2], columns=tuple(cols), cluster=key[-2], loop=key[-1])
                for key, cols in keys.items()]
-    fused = fused_q_kernel(kernels, launches)
+    fused = None if keep else fused_q_kernel(kernels, launches)
     if fused is not None:
         kernels.append(fused)
     if schedule.panel_update == "split":

@@ -3,7 +3,8 @@ times C without forming Q), qr (numpy.linalg.qr's modes) and lstsq, batched over
 
 Inputs are float32 CUDA arrays (torch, CuPy or any __dlpack__ array); results are of the first input's kind, on its
 device, queued on the caller's current stream; inputs are not modified. The algorithm is qrgen.qmatrix's, which the
-CPU tests run on NumPy arrays (qrgen.reference has the NumPy entry points).
+CPU tests run on NumPy arrays (qrgen.reference has the NumPy entry points); qr's Q for schedules without aggregates
+comes instead from the factorization's own panels (runtime.drive_q, run in NumPy by qrgen.simulate.qr).
 """
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from .runtime import as_device_array, device_arch, factor_device, factorizer_for
 from .schedule import check_precision
 
 MODES = ("reduced", "complete", "r", "raw")
+# qr forms Q from the factorization's kept panels (a rank-width update per panel, few launches) up to this many
+# floats of Q, or for one panel; larger Qs, whose time is the GPU's, keep qrgen.qmatrix's blocks of 128 (fewer
+# passes over Q).
+KEEP_MAX_FLOATS = 1 << 23
 
 
 def _arrays(**named):
@@ -106,6 +111,20 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
         with on_caller_stream(arr) as stream:
             q, r = fac.run_qr(data.reshape(batch, m, n), stream)
         return arr.wrap(q.reshape(*lead, m, n)), arr.wrap(r.reshape(*lead, n, n))
+    qcols = m if mode == "complete" else min(m, n)
+    keep = None
+    if mode in ("reduced", "complete") and fac is not None and (
+            len(fac.launches) == 1 or batch * m * qcols <= KEEP_MAX_FLOATS):
+        keep = fac.keep_variant()
+    if keep is not None:  # Q from the factorization's own kept panels: two GEMMs a panel (runtime.drive_q)
+        import cupy
+
+        with on_caller_stream(arr) as stream:
+            q = cupy.zeros((batch, m, qcols), dtype=cupy.float32)
+            qmatrix._set_diagonal(q, 1)
+            h, _ = keep.run(data.reshape(batch, m, n), stream, q=q)
+            r = qmatrix.r_factor(h, complete=mode == "complete")
+        return arr.wrap(q.reshape(*lead, m, qcols)), arr.wrap(r.reshape(*lead, -1, n))
     h, tau = factor_device(fac, arr)
     if mode == "raw":
         return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)

@@ -82,13 +82,17 @@ def _check_dtype(name: str) -> None:
 class Factorizer:
     """The kernels and launch sequence for one (m, n, schedule, arch); geqrf for any batch of that shape."""
 
-    def __init__(self, m: int, n: int, schedule: Schedule, arch: str, sources: dict[str, str] | None = None):
+    def __init__(self, m: int, n: int, schedule: Schedule, arch: str, sources: dict[str, str] | None = None,
+                 keep: bool = False):
         if (schedule.m, schedule.n) != (m, n):
             raise ValueError(f"schedule is for {schedule.m}x{schedule.n}, not {m}x{n}")
         self.m, self.n, self.k = m, n, min(m, n)
         self.schedule = schedule
         self.arch = arch
-        self.kernels, self.launches = codegen.plan(schedule)
+        # keep: every panel's V^T and (VT)^T kept in a region of its own, from which run_q forms Q (drive_q)
+        self.keep = keep
+        self.kernels, self.launches = codegen.plan(schedule, keep)
+        self.keep_offsets = keep_offsets(self.launches) if keep else ()
         self.aggregates = codegen.aggregates(schedule)
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
@@ -105,6 +109,17 @@ class Factorizer:
         self.binaries: list[Binary] = []
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
         self._workspaces: dict[tuple, "_Workspace"] = {}
+        self._keep_variant: "Factorizer | None | bool" = False  # not yet made (keep_variant)
+
+    def keep_variant(self) -> "Factorizer | None":
+        """The same schedule as a keep plan, for qr's Q (made once); None where a keep plan does not apply
+        (aggregates, or a panel whose kept outputs would not fit its shared memory)."""
+        if self._keep_variant is False:
+            try:
+                self._keep_variant = Factorizer(self.m, self.n, self.schedule, self.arch, keep=True)
+            except ValueError:
+                self._keep_variant = None
+        return self._keep_variant
 
     def build(self, use_cache: bool = True, progress=None) -> list[Binary]:
         """Render and compile every kernel (from the disk cache where it can)."""
@@ -195,9 +210,10 @@ class Factorizer:
             cupy.cuda.driver.launchKernel(func.ptr, batch, 1, 1, L.threads, 1, 1, 0, stream.ptr, args.address, 0)
         return q, r
 
-    def run(self, a, stream, skip=()):
+    def run(self, a, stream, skip=(), q=None):
         """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is. `skip`:
-        stages left out, for timing by difference (qrgen.bench.stage_times); the result is then wrong."""
+        stages left out, for timing by difference (qrgen.bench.stage_times); the result is then wrong. q (keep
+        plans): a (batch, m, c) array holding the identity's first c columns (c = k or m), turned into Q's."""
         import cupy
 
         device_id = a.device.id
@@ -208,10 +224,10 @@ class Factorizer:
         tau = cupy.empty((a.shape[0], self.k), dtype=cupy.float32)
         if self._direct_vec and a.flags.c_contiguous and a.data.ptr % (4 * self._direct_vec) == 0:
             h = cupy.empty(a.shape, dtype=cupy.float32)
-            _factor(self, h, tau, workspace, device_id, src=a, skip=skip)
+            _factor(self, h, tau, workspace, device_id, src=a, skip=skip, q=q)
         else:
             h = a.copy(order="C")
-            _factor(self, h, tau, workspace, device_id, skip=skip)
+            _factor(self, h, tau, workspace, device_id, skip=skip, q=q)
         return h, tau
 
 
@@ -285,6 +301,7 @@ class Sizes:
     w: int  # W of a trailing update
     g: int  # G and T of an aggregate
     zg: int  # (V T)^T of an aggregate
+    wq: int = 1  # W of Q's products (keep plans)
 
     def floats(self, name: str) -> int:
         """Floats per matrix of a buffer of buffer_names (a lookahead's second buffers as their first)."""
@@ -294,8 +311,10 @@ class Sizes:
     def of(cls, fac: "Factorizer") -> "Sizes":
         trail = [L for L in fac.launches if L.trail] or fac.launches
         aggs = [a for a in fac.aggregates if a.nc > 0]
-        return cls(vt=max(L.v_bs for L in trail),
-                   zt=max(L.width * L.rows for L in trail),
+        kept = sum(L.width * L.rows for L in fac.launches) if fac.keep else 0  # every panel's region
+        return cls(vt=max([L.v_bs for L in trail] + [kept]),
+                   zt=max([L.width * L.rows for L in trail] + [kept]),
+                   wq=max([L.width * (fac.m - L.c0) for L in fac.launches]) if fac.keep else 1,
                    w=max([L.width * L.nc for L in fac.launches] + [(a.a1 - a.a0) * a.nc for a in aggs] + [1]),
                    g=max([(a.a1 - a.a0) ** 2 for a in aggs] + [1]),
                    zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [1]))
@@ -306,7 +325,7 @@ def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
     (the side stream still reads one aggregate's while the next one's panels write the other), and the side
     stream's W has its own."""
     names = ("vt", "zt", "w", "g", "zg")
-    return names + (("vt2", "zg2", "w2") if fac.schedule.lookahead else ())
+    return names + (("vt2", "zg2", "w2") if fac.schedule.lookahead else ()) + (("wq",) if fac.keep else ())
 
 
 def side_pieces(c0: int, c1: int, rows: int, batch: int, sms: int, waves: int) -> list[tuple[int, int]]:
@@ -359,12 +378,14 @@ def drive(fac: "Factorizer", engine) -> None:
         vt = "vt" + suffix(index)
         if index in firsts:
             engine.zero(vt)  # an aggregate's V^T is zero above each panel's rows
-        v = (vt, L.v_row * L.v_ld + L.v_row)
-        engine.panel(index, L, epoch, v)
+        # A keep plan's panel j writes its V^T and (VT)^T into regions of their own, nb * keep_offsets[j] floats in
+        kept = engine.nb * fac.keep_offsets[index] if fac.keep else 0
+        v, z = (vt, L.v_row * L.v_ld + L.v_row + kept), ("zt", kept)
+        engine.panel(index, L, epoch, v, z)
         if L.blocks > 1:
             epoch += L.blocks * L.barriers
         if L.nc > 0:
-            products(("zt", 0), L.rows, L.width * L.rows, v, L.v_ld, L.v_bs, L.width, L.rows,
+            products(z, L.rows, L.width * L.rows, v, L.v_ld, L.v_bs, L.width, L.rows,
                      L.c0 * n + L.c0 + L.width, L.nc, "w", prec.project if cublas_panels else "fp32",
                      prec.update if cublas_panels else "fp32", how=via)
         i = by_last.get(index)
@@ -398,6 +419,35 @@ def drive(fac: "Factorizer", engine) -> None:
         engine.join()
 
 
+def keep_offsets(launches) -> tuple[int, ...]:
+    """Where each panel's kept V^T and (VT)^T begin, in floats per matrix of the chunk (a keep plan's region j
+    holds the chunk's matrices at width * rows floats apart, from nb * keep_offsets[j] on)."""
+    out, at = [], 0
+    for L in launches:
+        out.append(at)
+        at += L.width * L.rows
+    return tuple(out)
+
+
+def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
+    """Q from a keep plan's kept panels, after drive(): the engine's buffer "q" holds the chunk's (m, qcols)
+    matrices, the identity's first qcols columns (qcols = k for qr's reduced Q, m for the complete one). Q =
+    H_0 ... H_{k-1} I, the last panel first: panel j's block reflector I - V T V^T changes only Q[c0:, c0:] (the
+    columns left of c0 are still the identity's, zero in its rows), by W = V^T Q[c0:, c0:] and then
+    Q[c0:, c0:] -= (V T) W, the panel's (VT)^T read transposed: two GEMMs a panel, in fp32."""
+    m = fac.m
+    for index in reversed(range(len(fac.launches))):
+        L = fac.launches[index]
+        kept = engine.nb * fac.keep_offsets[index]
+        c0, w, rows = L.c0, L.width, L.rows
+        qc = qcols - c0
+        q = ("q", c0 * qcols + c0)
+        engine.gemm("qproject", False, False, w, qc, rows, 1.0, ("vt", kept), rows, w * rows, q, qcols, m * qcols,
+                    0.0, ("wq", 0), qc, engine.sizes.wq, "fp32")
+        engine.gemm("qupdate", True, False, rows, qc, w, -1.0, ("zt", kept), rows, w * rows, ("wq", 0), qc,
+                    engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
+
+
 STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate")
 
 
@@ -415,9 +465,9 @@ class SkipStages:
     def zero(self, name):
         self.engine.zero(name)
 
-    def panel(self, index, launch, epoch, v):
+    def panel(self, index, launch, epoch, v, z):
         if "panel" not in self.skip:
-            self.engine.panel(index, launch, epoch, v)
+            self.engine.panel(index, launch, epoch, v, z)
 
     def fork(self):
         self.engine.fork()
@@ -588,7 +638,7 @@ class _CupyEngine:
     def zero(self, name):
         self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], self.stream_ptr)
 
-    def panel(self, index, L, epoch, v):
+    def panel(self, index, L, epoch, v, z):
         _, func = self.funcs[L.kernel]
         src = self.src_ptr if (index == 0 and self.src_ptr is not None) else self.h_ptr
         stop = self._mark("panel", L)
@@ -596,12 +646,15 @@ class _CupyEngine:
         if args is None:  # the same for every call on this workspace but src, h and tau
             ws = self.ws
             args = ws.panel_args[index] = _PackedArgs(_PANEL_PARAMS, (
-                src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs["zt"], ws.xch.data.ptr,
+                src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1], ws.xch.data.ptr,
                 ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
         else:
             args.set(0, src)
             args.set(1, self.h_ptr)
             args.set(2, self.tau_ptr)
+            if self.fac.keep:  # the kept regions' offsets scale with the chunk's matrices
+                args.set(3, ws.ptrs[v[0]] + 4 * v[1])
+                args.set(4, ws.ptrs[z[0]] + 4 * z[1])
         driver = self.cupy.cuda.driver
         if L.blocks > 1 and not L.cluster:  # the blocks of a matrix wait for each other: all must be resident
             driver.launchCooperativeKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
@@ -676,7 +729,7 @@ class _CupyEngine:
 
 
 def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, stages: list | None = None,
-            skip=()) -> None:
+            skip=(), q=None) -> None:
     """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
     (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
     as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate";
@@ -696,6 +749,9 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
                 ws.flags.fill(0)
             engine = _CupyEngine(fac, ws, funcs, hc, tc, sc, stages, device_id, lanes)
             drive(fac, SkipStages(engine, skip) if skip else engine)
+            if q is not None:
+                engine.ptrs["q"] = q[b0:b0 + nb].data.ptr
+                drive_q(fac, engine, q.shape[2])
 
 
 _TMAT_FUNCTIONS: dict[int, tuple] = {}

@@ -22,10 +22,14 @@ from .schedule import Schedule
 class _Fac:
     """What drive() reads of a Factorizer."""
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, keep: bool = False):
+        from .runtime import keep_offsets
+
         self.m, self.n, self.k = schedule.m, schedule.n, min(schedule.m, schedule.n)
         self.schedule = schedule
-        self.kernels, self.launches = plan(schedule)
+        self.keep = keep
+        self.kernels, self.launches = plan(schedule, keep)
+        self.keep_offsets = keep_offsets(self.launches) if keep else ()
         self.aggregates = aggregates(schedule)
 
 
@@ -57,7 +61,7 @@ class NumpyEngine:
         self.buffers[name][...] = 0.0
         self.log.append(("zero", name))
 
-    def panel(self, index, L, epoch, v):
+    def panel(self, index, L, epoch, v, z):
         m, n = self.fac.m, self.fac.n
         h = self.buffers["h"].reshape(self.nb, m, n)
         p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
@@ -69,7 +73,7 @@ class NumpyEngine:
             tm = _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t)
             self._matrix(v[0], v[1], L.v_bs, L.width, L.rows, L.v_ld)[...] = vv.transpose(0, 2, 1)
             zt = np.matmul(vv, tm).transpose(0, 2, 1)
-            self._matrix("zt", 0, L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
+            self._matrix(z[0], z[1], L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
         self.log.append(("panel", index, epoch))
 
     def tmat(self, agg):
@@ -110,6 +114,27 @@ class NumpyEngine:
         if via == "split":  # the split kernels' two patterns only (fp32 FMAs, summed in another order)
             assert precision == "fp32" and ((stage, trans_a, alpha, beta) == ("project", False, 1.0, 0.0) or
                                             (stage, trans_a, alpha, beta) == ("update", True, -1.0, 1.0))
+
+
+def qr(a: np.ndarray, schedule: Schedule, complete: bool = False) -> tuple[np.ndarray, np.ndarray, list]:
+    """(Q, h, log) of a (batch, m, n) by a keep plan's launch sequence and then runtime.drive_q, in NumPy float32:
+    Q (batch, m, k), or (batch, m, m) with complete=True."""
+    from .runtime import drive, drive_q
+
+    a = np.asarray(a, dtype=np.float32)
+    batch, m, n = a.shape
+    fac = _Fac(schedule, keep=True)
+    h = a.copy()
+    tau = np.zeros((batch, fac.k), dtype=np.float32)
+    engine = NumpyEngine(fac, h, tau)
+    drive(fac, engine)
+    qcols = m if complete else fac.k
+    q = np.zeros((batch, m, qcols), dtype=np.float32)
+    q[:, np.arange(min(m, qcols)), np.arange(min(m, qcols))] = 1.0
+    engine.buffers["q"] = q.reshape(batch, -1)
+    drive_q(fac, engine, qcols)
+    assert not engine.held, "side-lane work left unjoined"
+    return q, h, engine.log
 
 
 def geqrf(a: np.ndarray, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, list]:

@@ -174,3 +174,41 @@ def test_side_pieces_cover_the_columns_once():
         assert all((b - a) % 64 == 0 and b - a >= 128 for a, b in pieces[:-1])
     assert len(side_pieces(256, 4096, 3840, 2, 132, 32)) == 1  # 32 waves: one piece at 2 x 4096²
     assert len(side_pieces(256, 4096, 3840, 2, 132, 2)) == 8  # 2 waves of 128² tiles: 512 columns a piece
+
+
+@pytest.mark.parametrize("m,n,width,variant,panel_update", [(176, 176, 32, "lanes", "cublas"),
+                                                             (200, 120, 16, "rows", "split"),
+                                                             (90, 130, 32, "lanes", "cublas"),
+                                                             (64, 64, 8, "rows", "cublas")])
+@pytest.mark.parametrize("complete", [False, True])
+def test_q_from_the_kept_panels(m, n, width, variant, panel_update, complete):
+    """qr's Q from a keep plan (every panel's V^T and (VT)^T kept, two GEMMs a panel from the last: runtime.drive_q)
+    matches the NumPy reference's Q; the factorization itself is unchanged by keeping."""
+    from qrgen import qmatrix
+
+    schedule = _uniform(m, n, width, variant=variant, panel_update=panel_update)
+    a = stress("random", m, n, 2, seed=m + n)
+    q, h, log = simulate.qr(a, schedule, complete)
+    hr, tr = reference.geqrf(a.astype(np.float64), schedule, dtype=np.float64)
+    qr_ = qmatrix.householder_product(hr, tr, complete)
+    assert q.shape == qr_.shape and np.abs(q - qr_).max() <= 2e-5 * max(m, n)
+    h0, _, _ = simulate.geqrf(a, schedule)
+    assert np.array_equal(h, h0)
+    assert [e[1] for e in log if e[0] == "gemm"][-2 * len(schedule.panels):] == ["qproject", "qupdate"] * len(
+        schedule.panels)
+
+
+def test_keep_plan_kernels():
+    """A keep plan compiles the last panels with their trailing outputs (and no fused Q kernel); aggregates are
+    refused, so a caller falls back to qrgen.qmatrix."""
+    from qrgen.codegen import plan
+
+    schedule = _uniform(176, 176, 32, variant="lanes")
+    kernels, launches = plan(schedule)
+    kept_kernels, kept = plan(schedule, keep=True)
+    assert not launches[-1].trail and all(L.trail for L in kept)
+    assert kept[-1].kernel.endswith("_trail") and not any(k.formq for k in kept_kernels)
+    one = _uniform(32, 32, 32, variant="lanes")
+    assert any(k.formq for k in plan(one)[0]) and not any(k.formq for k in plan(one, keep=True)[0])
+    with pytest.raises(ValueError, match="without aggregates"):
+        plan(_uniform(200, 200, 16, aggregate=64), keep=True)
