@@ -475,3 +475,28 @@ def test_column_loop_panels_every_family(m, n, aggregate, batch, blocks):
         a = stress(family, m, n, batch, seed=m + n)
         h, tau = fac(cupy.asarray(a))
         assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
+
+
+@pytest.mark.parametrize("batch,m,n", [(6, 300, 120), (3, 90, 130), (40, 176, 176)])
+def test_qr_complete_and_reduced_from_kept_panels(batch, m, n):
+    """qr's Q from the factorization's own panels (keep plans, runtime.drive_q): both modes on every family, and
+    the same Q as qrgen.qmatrix's blocked product of the same h and tau."""
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    from qrgen import qmatrix
+    from qrgen.runtime import factorizer_for
+
+    assert factorizer_for(m, n, batch, "sm_90").keep_variant() is not None
+    for family in FAMILIES:
+        a = stress(family, m, n, batch, seed=n)
+        for mode in ("reduced", "complete"):
+            q, r = qrgen.qr(cupy.asarray(a), mode=mode)
+            assert q.shape == (batch, m, m if mode == "complete" else min(m, n))
+            factor, orth = _q_gates(a, q.get(), r.get())
+            assert (factor <= 20).all() and (orth <= 100).all(), (family, mode, factor.max(), orth.max())
+    a = cupy.asarray(stress("random", m, n, batch, seed=3))
+    h, tau = qrgen.geqrf(a)
+    q, _ = qrgen.qr(a)
+    assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
