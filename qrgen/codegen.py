@@ -255,6 +255,7 @@ def render_tmat(arch: str = "sm_90") -> Rendered:
                                                  blocked_max=TMAT_BLOCKED_MAX))
 
 
-def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda") -> list[Rendered]:
-    kernels, _ = plan(schedule)
+def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda", keep: bool = False) -> list[Rendered]:
+    """Every kernel of the schedule's plan (a keep plan's where keep), rendered."""
+    kernels, _ = plan(schedule, keep)
     return [render(schedule, k, arch, backend) for k in kernels]

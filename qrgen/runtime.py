@@ -126,7 +126,7 @@ class Factorizer:
         if self.sources is not None:
             items = [(k.name, self.sources[k.name]) for k in self.kernels]
         else:
-            items = [(r.name, r.source) for r in codegen.render_all(self.schedule, self.arch)]
+            items = [(r.name, r.source) for r in codegen.render_all(self.schedule, self.arch, keep=self.keep)]
         self.binaries = compile_many(items, self.arch, use_cache=use_cache, progress=progress)
         return self.binaries
 
@@ -653,6 +653,7 @@ class _CupyEngine:
             args.set(1, self.h_ptr)
             args.set(2, self.tau_ptr)
             if self.fac.keep:  # the kept regions' offsets scale with the chunk's matrices
+                ws = self.ws
                 args.set(3, ws.ptrs[v[0]] + 4 * v[1])
                 args.set(4, ws.ptrs[z[0]] + 4 * z[1])
         driver = self.cupy.cuda.driver

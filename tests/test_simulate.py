@@ -198,7 +198,7 @@ def test_q_from_the_kept_panels(m, n, width, variant, panel_update, complete):
         schedule.panels)
 
 
-def test_keep_plan_kernels():
+def test_keep_plan_kernels(monkeypatch):
     """A keep plan compiles the last panels with their trailing outputs (and no fused Q kernel); aggregates are
     refused, so a caller falls back to qrgen.qmatrix."""
     from qrgen.codegen import plan
@@ -208,6 +208,15 @@ def test_keep_plan_kernels():
     kept_kernels, kept = plan(schedule, keep=True)
     assert not launches[-1].trail and all(L.trail for L in kept)
     assert kept[-1].kernel.endswith("_trail") and not any(k.formq for k in kept_kernels)
+    # what a keep Factorizer compiles is what its plan launches (the kernels' names are the binaries' names)
+    from qrgen.codegen import render_all
+    from qrgen.runtime import Factorizer
+
+    fac = Factorizer(176, 176, schedule, "sm_90", keep=True)
+    assert [r.name for r in render_all(schedule, keep=True)] == [k.name for k in fac.kernels]
+    monkeypatch.setattr("qrgen.runtime.compile_many", lambda items, *args, **kw: [name for name, _ in items])
+    assert fac.build() == [k.name for k in fac.kernels]
+    assert {L.kernel for L in kept} <= {k.name for k in fac.kernels}
     one = _uniform(32, 32, 32, variant="lanes")
     assert any(k.formq for k in plan(one)[0]) and not any(k.formq for k in plan(one, keep=True)[0])
     with pytest.raises(ValueError, match="without aggregates"):
