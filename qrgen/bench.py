@@ -175,7 +175,7 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> s
     full = timed(())
     merge_stages = ("gram", "tmat", "aggregate")
     no_merge = timed(merge_stages) if fac.aggregates else full
-    panels = timed(("project", "update") + merge_stages)
+    panels = timed(("project", "update", "scale") + merge_stages)
     gemm = max(0.0, no_merge - panels)
     k = min(m, n)
     lines = [f"{batch} x {m}x{n}: {len(fac.launches)} panels ({fac.schedule.describe()})",
@@ -186,6 +186,8 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> s
     if fac.schedule.lookahead:
         lines.append("  (lookahead: each figure is what leaving the stage out saves; GEMM time hidden behind the "
                      "panels is in none of them)")
+    if fac.schedule.scaled:
+        lines.append(f"  power-of-two scaling (fp16 products) {max(0.0, full - timed(('scale',))):,.1f} µs")
     if fac.aggregates:
         parts = ", ".join(f"{label} {max(0.0, full - timed((stage,))):,.1f}"
                           for label, stage in (("G", "gram"), ("T", "tmat"), ("(VT)^T", "aggregate")))

@@ -79,6 +79,8 @@ class Aggregate:
 SPLIT_THREADS = 256
 SPLIT_TILE = 64
 TMAT_KERNEL = "qr_tmat"
+SCALE_KERNEL = "qr_scale"
+SCALE_THREADS = 256
 TMAT_THREADS = 1024  # threads per matrix (block products over 4x more threads than 256; 64 registers, 0 spills); past
 # TMAT_BLOCKED_MAX one thread per reflector (schedule.MAX_AGGREGATE: 256)
 TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared memory (templates/cuda/tmat.cuh.j2)
@@ -177,6 +179,8 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
     if any(a.nc > 0 for a in aggs):
         kernels.append(tmat_kernel())
+    if schedule.scaled:
+        kernels.append(scale_kernel())
     return tuple(kernels), tuple(launches)
 
 
@@ -216,6 +220,9 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
         return render_split(kernel, arch)
     if kernel.variant == "tmat":
         return render_tmat(arch)
+    if kernel.variant == "scale":
+        template = environment().get_template("cuda/scale.cu.j2")
+        return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel))
     template = environment().get_template(BACKENDS[backend]["template"])
     source = template.render(
         version=__version__,
@@ -233,6 +240,11 @@ def tmat_kernel() -> KernelSpec:
     """The T kernel, the same for every schedule (aggregates, and Q's blocks in qrgen.qmatrix)."""
     return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, tmat_shared_bytes(TMAT_BLOCKED_MAX),
                       ())
+
+
+def scale_kernel() -> KernelSpec:
+    """The power-of-two scaling of Schedule.scaled (three phases, one kernel for every schedule)."""
+    return KernelSpec(SCALE_KERNEL, "scale", 0, SCALE_THREADS, 1, 0, 4, False, 0, 0, ())
 
 
 def split_kernel(kind: str, width: int) -> KernelSpec:

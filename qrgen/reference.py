@@ -31,6 +31,25 @@ def round_to(x: np.ndarray, precision: str) -> np.ndarray:
     return np.where(finite, out.view(np.float32), x)
 
 
+def scale_exponents(h: np.ndarray) -> np.ndarray:
+    """Per matrix of h (batch, m, n), the e of Schedule.scaled (templates/cuda/scale.cu.j2): 2^e just above the
+    largest magnitude (NaN passed over), clamped to [-125, 126]; 0 where that magnitude is 0 or inf."""
+    top = np.fmax.reduce(np.abs(h).reshape(len(h), -1), axis=1, initial=0)
+    e = np.frexp(top)[1]  # top = f 2^e, f in [0.5, 1)
+    return np.where((top > 0) & np.isfinite(top), np.clip(e, -125, 126), 0)
+
+
+def scale(h: np.ndarray, e: np.ndarray, inverse: bool = False) -> None:
+    """In place: h (batch, m, n) times 2^-e per matrix, or with inverse R's rows from the diagonal times 2^e
+    (exact, as the kernel's phases 1 and 2)."""
+    if inverse:
+        k = min(h.shape[1:])
+        upper = np.triu(np.ones((k, h.shape[2]), dtype=bool))
+        h[:, :k][:, upper] = np.ldexp(h[:, :k][:, upper], e[:, None].astype(np.int32))
+    else:
+        h[...] = np.ldexp(h, -e[:, None, None].astype(np.int32))
+
+
 def _panel(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unblocked Householder QR of a batch of panels p (batch, rows, width), in place; returns (tau, V)."""
     batch, rows, width = p.shape
@@ -102,6 +121,9 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
         vr = rnd(v, gram)
         return np.matmul(v, _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t))
 
+    exps = scale_exponents(h) if low and schedule.scaled else None
+    if exps is not None:
+        scale(h, exps)
     _, launches = plan(schedule)
     after = {a.last: a for a in aggregates(schedule) if a.nc > 0}
     for index, L in enumerate(launches):
@@ -120,6 +142,8 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
             vg[:, diag, diag] = 1
             h[:, agg.a0:, agg.a1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1], prec.gram),
                                              h[:, agg.a0:, agg.a1:])
+    if exps is not None:
+        scale(h, exps, inverse=True)
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)
 
 

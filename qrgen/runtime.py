@@ -98,7 +98,7 @@ class Factorizer:
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
         # is aligned for the kernel's loads; a wide one (m < n) needs those columns in h before its update.
         vec = {k.name: k.vec for k in self.kernels}
-        direct = len(self.launches) == 1 and self.launches[0].nc == 0
+        direct = len(self.launches) == 1 and self.launches[0].nc == 0 and not schedule.scaled
         self._direct_vec = vec[self.launches[0].kernel] if direct else 0
         self._functions: dict[int, dict] = {}  # device id -> kernel name -> (module, function)
         # The kernel that writes qr's reduced Q and R in one launch, where the schedule has one (one lanes panel on
@@ -222,7 +222,10 @@ class Factorizer:
         if workspace is None:
             workspace = self._workspaces[key] = _Workspace(self, a.shape[0], device_id)
         tau = cupy.empty((a.shape[0], self.k), dtype=cupy.float32)
-        if self._direct_vec and a.flags.c_contiguous and a.data.ptr % (4 * self._direct_vec) == 0:
+        direct = self._direct_vec and a.data.ptr % (4 * self._direct_vec) == 0
+        # Schedule.scaled: the scale kernel copies the input into h (16-byte aligned where m n is a multiple of 4)
+        scaled = self.schedule.scaled and a.data.ptr % 16 == 0
+        if (direct or scaled) and a.flags.c_contiguous:
             h = cupy.empty(a.shape, dtype=cupy.float32)
             _factor(self, h, tau, workspace, device_id, src=a, skip=skip, q=q)
         else:
@@ -362,6 +365,8 @@ def drive(fac: "Factorizer", engine) -> None:
     firsts = {a.first for a in aggs if a.nc > 0}
     owner = {p: i for i, a in enumerate(aggs) for p in range(a.first, a.last + 1)}
     pending = False  # side-stream work not yet joined
+    if fac.schedule.scaled:
+        engine.scale(0)
 
     def suffix(index):  # which of the two V^T / (V T)^T buffers panel `index` and its aggregate use
         return "2" if ahead and owner.get(index, 0) % 2 else ""
@@ -417,6 +422,8 @@ def drive(fac: "Factorizer", engine) -> None:
             products(*args, row0 + agg.a1, agg.nc, "w", prec.project, prec.update)
     if pending:
         engine.join()
+    if fac.schedule.scaled:
+        engine.scale(2)
 
 
 def keep_offsets(launches) -> tuple[int, ...]:
@@ -448,7 +455,7 @@ def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
                     engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
 
 
-STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate")
+STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale")
 
 
 class SkipStages:
@@ -478,6 +485,10 @@ class SkipStages:
     def tmat(self, agg):
         if "tmat" not in self.skip:
             self.engine.tmat(agg)
+
+    def scale(self, phase):
+        if "scale" not in self.skip:
+            self.engine.scale(phase)
 
     def gemm(self, stage, *args, **kwargs):
         if stage not in self.skip:
@@ -512,6 +523,7 @@ class _Workspace:
         max_blocks = max(L.blocks for L in fac.launches)
         self.xch = cupy.empty((self.chunk, 2 * max_blocks * 64), dtype=cupy.float32)
         self.flags = cupy.zeros((self.chunk,), dtype=cupy.uint32)
+        self.amax = cupy.zeros((self.chunk,), dtype=cupy.uint32)  # Schedule.scaled: each matrix's max |a| (bits)
         self.multi_block = any(L.blocks > 1 and not L.cluster for L in fac.launches)  # flags to clear per call
         self.ptrs = {name: b.data.ptr for name, b in self.buffers.items()}
         self.strides = {"h": fac.m * fac.n, "t": self.sizes.g,
@@ -573,6 +585,7 @@ _P, _I, _L = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
 _SPLIT_PROJECT_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _L, _P, _I, _L, _P, _I, _I, _I)
 _SPLIT_UPDATE_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I)
 _TMAT_PARAMS = (_P, _P, _P, _I, _L, _I)
+_SCALE_PARAMS = (_P, _P, _P, _I, _I, _I)
 
 
 class _PackedArgs:
@@ -673,6 +686,24 @@ class _CupyEngine:
         stop = self._mark("tmat", None)
         self._launch(func, (self.nb, 1, 1), codegen.TMAT_THREADS, codegen.tmat_shared_bytes(a), _TMAT_PARAMS,
                      (self.ptrs["g"], self.tau_ptr + 4 * agg.a0, self.ptrs["t"], a, self.sizes.g, self.fac.k))
+        self._done(stop)
+
+    def scale(self, phase):
+        """Schedule.scaled's power-of-two scale per matrix: phase 0, the scale (the input's largest magnitudes)
+        then h = the input scaled (the copy into h where h is not yet one: the panels then read h); phase 2, R
+        scaled back (templates/cuda/scale.cu.j2)."""
+        _, func = self.funcs[codegen.SCALE_KERNEL]
+        stop = self._mark("scale", None)
+        per_matrix = max(1, -(-8 * self.sms // self.nb))  # about 8 blocks per SM over the chunk
+        grid = (min(per_matrix, -(-self.fac.m * self.fac.n // (4 * codegen.SCALE_THREADS))), self.nb, 1)
+        amax = self.ws.amax.data.ptr
+        if phase == 0:
+            self.cupy.cuda.runtime.memsetAsync(amax, 0, 4 * self.nb, self.stream_ptr)
+        src = self.src_ptr if (phase == 0 and self.src_ptr is not None) else self.h_ptr
+        for p in ((0, 1) if phase == 0 else (2,)):
+            self._launch(func, grid, codegen.SCALE_THREADS, 0, _SCALE_PARAMS,
+                         (src, self.h_ptr, amax, p, self.fac.m, self.fac.n))
+        self.src_ptr = None
         self._done(stop)
 
     def _launch(self, func, grid, threads, shared, types, values):

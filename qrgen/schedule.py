@@ -215,6 +215,13 @@ class Schedule:
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96 + cluster_words)
         return PanelResources(rows, slots, regs, cap, smem)
 
+    @property
+    def scaled(self) -> bool:
+        """Each matrix is scaled by a power of two before it is factored and R by the inverse after
+        (templates/cuda/scale.cu.j2): where a product takes fp16 inputs (6e-8 ... 65504) that see the trailing
+        columns, whose scale is the matrix's. Gram's inputs (V, entries at most 1 in magnitude) need none."""
+        return "fp16" in (self.precision.project, self.precision.update)
+
     def panel_gram(self, index: int) -> str:
         """Input precision of panel `index`'s own G = V^T V: lanes panels form G exactly (fp32) from the dots
         they compute anyway; the others round as precision.gram says (which also applies to the aggregates)."""

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .codegen import aggregates, plan
-from .reference import _panel, _tmatrix, round_to
+from .reference import _panel, _tmatrix, round_to, scale, scale_exponents
 from .schedule import Schedule
 
 
@@ -81,6 +81,13 @@ class NumpyEngine:
         g = self._matrix("g", 0, self.sizes.g, a, a, a)
         self._matrix("t", 0, self.sizes.g, a, a, a)[...] = _tmatrix(np.triu(g, 1), self.tau[:, agg.a0:agg.a1])
         self.log.append(("tmat", agg.a0))
+
+    def scale(self, phase):
+        h = self.buffers["h"].reshape(self.nb, self.fac.m, self.fac.n)
+        if phase == 0:
+            self.exps = scale_exponents(h)
+        scale(h, self.exps, inverse=phase == 2)
+        self.log.append(("scale", phase))
 
     def fork(self):
         self.log.append(("fork",))

@@ -13,10 +13,10 @@ LARGE = [1000, 1024, 2048, 4096]
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def _geqrf_checked(a_host):
+def _geqrf_checked(a_host, geqrf=qrgen.geqrf):
     import cupy
 
-    h, tau = qrgen.geqrf(cupy.asarray(a_host))
+    h, tau = geqrf(cupy.asarray(a_host))
     return check(a_host, h, tau)
 
 
@@ -500,3 +500,54 @@ def test_qr_complete_and_reduced_from_kept_panels(batch, m, n):
     h, tau = qrgen.geqrf(a)
     q, _ = qrgen.qr(a)
     assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("m,n,batch,aggregate,lookahead", [(1024, 1024, 3, 128, 0), (1024, 1024, 2, 256, 32)])
+def test_fp16_products_at_every_scale(m, n, batch, aggregate, lookahead):
+    """Schedules with fp16 product inputs scale each matrix by a power of two first (Schedule.scaled): a mixed
+    batch at 2^±60 and at 1e±6 passes the gates (fp16 alone: inf past 65504, zero below 6e-8), and R of a 2^p is
+    R of a times 2^p, the rest of h and tau as they were. (fp16's rounding alone fails the factor gate below
+    about a thousand columns, at any scale: 300 x 200 measured 41.)"""
+    import dataclasses
+
+    import cupy
+
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Precision
+
+    schedule = dataclasses.replace(_aggregated_schedule(m, n, 32, aggregate, "split", lookahead),
+                                   precision=Precision("fp16", "fp32", "fp16"))
+    assert schedule.scaled
+    fac = Factorizer(m, n, schedule, "sm_90")
+    a, labels = mixed(m, n, len(FAMILIES), seed=5)
+    h0, t0 = fac(cupy.asarray(a))
+    assert check(a, h0, t0).ok  # (on the GPU: h is a CuPy array)
+    upper = np.zeros((m, n), dtype=bool)
+    upper[:min(m, n)] = np.triu(np.ones((min(m, n), n), dtype=bool))
+    upper = cupy.asarray(upper)
+    for p in (60, -60):
+        big = np.ldexp(a, p)
+        h, t = fac(cupy.asarray(big))
+        assert check(big, h, t).ok, p
+        assert float(cupy.abs(h[:, ~upper] - h0[:, ~upper]).max()) <= 1e-6
+        assert float(cupy.abs(t - t0).max()) <= 1e-6
+        scale = float(cupy.abs(h0).max())
+        assert float(cupy.abs(h[:, upper] * 2.0 ** -p - h0[:, upper]).max()) <= 1e-6 * scale
+    for factor in (1e6, 1e-6):
+        result = _geqrf_checked((a * factor).astype(np.float32), fac)
+        assert result.ok, (factor, result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
+def test_committed_fp16_schedules_far_from_unit_scale(batch):
+    """The committed 4096² schedules take fp16 products: random matrices at 1e4 (W past fp16's 65504 unscaled)
+    and at 1e-6 pass the gates."""
+    from qrgen.runtime import factorizer_for
+
+    fac = factorizer_for(4096, 4096, batch, "sm_90")
+    assert fac.schedule.scaled
+    a = stress("random", 4096, 4096, batch, seed=11)
+    for factor in (1e4, 1e-6):
+        result = _geqrf_checked((a * factor).astype(np.float32), fac)
+        assert result.ok, (factor, result)

@@ -38,6 +38,7 @@ SCHEDULES = [
     _uniform(200, 200, 16, aggregate=32, lookahead=32),
     _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="split"),
     _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes"),
+    _uniform(192, 160, 16, aggregate=64, precision=Precision("fp16", "bf16", "fp16"), panel_update="split"),
 ]
 
 
@@ -221,3 +222,50 @@ def test_keep_plan_kernels(monkeypatch):
     assert any(k.formq for k in plan(one)[0]) and not any(k.formq for k in plan(one, keep=True)[0])
     with pytest.raises(ValueError, match="without aggregates"):
         plan(_uniform(200, 200, 16, aggregate=64), keep=True)
+
+
+FP16 = _uniform(256, 256, 16, aggregate=64, precision=Precision("fp16", "fp32", "fp16"), panel_update="split")
+
+
+def test_fp16_products_factor_every_scale_alike():
+    """A schedule with fp16 product inputs scales each matrix by a power of two first (Schedule.scaled): matrices
+    of any scale then give the unit-scale factorization's bits (R times the scale), where fp16 alone overflows
+    (1e5: W past 65504) or flushes to zero (1e-6); the launch sequence and the reference agree."""
+    assert FP16.scaled and not _uniform(256, 256, 16, aggregate=64).scaled
+    a = stress("random", 256, 256, 2, seed=3)
+    h1, t1, log = simulate.geqrf(a, FP16)
+    assert [e for e in log if e[0] == "scale"] == [("scale", 0), ("scale", 2)]
+    assert check(a, h1, t1, device="cpu").ok
+    upper = np.triu(np.ones((256, 256), dtype=bool))
+    for p in (20, -20, 100, -100):
+        big = np.ldexp(a, p)
+        h, t, _ = simulate.geqrf(big, FP16)
+        assert np.array_equal(t, t1) and np.array_equal(h[:, ~upper], h1[:, ~upper])
+        assert np.array_equal(h[:, upper], np.ldexp(h1[:, upper], p))
+        hr, tr = reference.geqrf(big, FP16, dtype=np.float32)
+        assert np.array_equal(hr, h) and np.array_equal(tr, t)
+    # without the scale: the same products in fp16 on a matrix at 1e5 overflow, at 1e-6 lose the update
+    unscaled = simulate.NumpyEngine.scale
+    try:
+        simulate.NumpyEngine.scale = lambda self, phase: None
+        for factor in (1e5, 1e-6):
+            with np.errstate(all="ignore"):
+                h, t, _ = simulate.geqrf((a * factor).astype(np.float32), FP16)
+            assert not check(a * factor, h, t, device="cpu").ok
+    finally:
+        simulate.NumpyEngine.scale = unscaled
+    for factor in (1e5, 1e-6):
+        h, t, _ = simulate.geqrf((a * factor).astype(np.float32), FP16)
+        assert check(a * factor, h, t, device="cpu").ok
+
+
+def test_scale_exponents():
+    """2^e just above each matrix's largest magnitude, NaN passed over; 0 for zero, inf or all-NaN matrices;
+    subnormal maxima clamped so that 2^-e stays a normal float."""
+    h = np.zeros((6, 2, 2), dtype=np.float32)
+    h[0] = [[1.0, 3.0], [0.25, -7.9]]
+    h[2] = [[np.nan, 2.0], [1.0, 1.0]]
+    h[3] = [[np.inf, 1.0], [1.0, 1.0]]
+    h[4, 0, 0] = 1e-40
+    h[5] = np.nan
+    assert reference.scale_exponents(h).tolist() == [3, 0, 2, 0, -125, 0]
