@@ -74,13 +74,16 @@ def parser() -> argparse.ArgumentParser:
                                    "batch: the objective is the median time on the GPU (or the cost model's "
                                    "estimate without one), the constraint is that every stress family passes the "
                                    "gates with margin (factor <= 10, orthogonality <= 50). Trials are kept in an "
-                                   "optuna study (resumed when run again; Ctrl-C leaves it saved); the best "
-                                   "schedule is written as schedules/<arch>/<m>x<n>_b<batch>.json.")
+                                   "optuna study (resumed when run again; Ctrl-C leaves it saved). A final round "
+                                   "times the study's three fastest schedules, the default and the file already "
+                                   "there again, three times each, in turn; the fastest on those medians is "
+                                   "written as schedules/<arch>/<m>x<n>_b<batch>.json unless it is not 2% "
+                                   "faster than that file (then the file is kept).")
     t.add_argument("--shape", type=_shape, required=True, metavar="MxN", help="matrix shape, such as 1024x1024")
     t.add_argument("--batch", type=_positive, default=1, help="number of matrices (default 1)")
     t.add_argument("--trials", type=_positive, default=50, help="trials to run now (default 50)")
     t.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="start no trial after this many seconds (the first always runs); the best so far is written")
+                   help="start no trial after this many seconds (the first always runs); the final round follows")
     t.add_argument("--arch", default=None, help="target architecture (default: this machine's GPU, else sm_90)")
     t.add_argument("--storage", default=None,
                    help="optuna storage URL (default: SQLite in the cache directory, $QRGEN_CACHE_DIR)")
@@ -108,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
                    help="also time a batch of every stress family at random positions (should cost what a dense one does)")
     s.add_argument("--profile", action="store_true",
                    help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs, the "
-                        "aggregates' merge and each of its stages), by difference between CUDA-graph replays that "
+                        "power-of-two scaling where the schedule has it, the aggregates' merge and each of its stages), by difference between CUDA-graph replays that "
                         "leave stages out")
     return p
 
