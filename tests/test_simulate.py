@@ -199,6 +199,20 @@ def test_q_from_the_kept_panels(m, n, width, variant, panel_update, complete):
         schedule.panels)
 
 
+def test_q_from_the_kept_panels_of_a_scaled_schedule():
+    """A keep plan under Schedule.scaled: the kept V^T and (VT)^T do not depend on the scale, so Q of a 2^40 is Q
+    of a, bit for bit, and R is scaled back before drive_q runs."""
+    schedule = _uniform(128, 96, 16, precision=Precision("fp32", "fp32", "fp16"))
+    assert schedule.scaled
+    a = stress("random", 128, 96, 2, seed=4)
+    q, h, log = simulate.qr(a, schedule)
+    qb, hb, _ = simulate.qr(np.ldexp(a, 40), schedule)
+    upper = np.triu(np.ones((128, 96), dtype=bool))
+    assert np.array_equal(q, qb) and np.array_equal(hb[:, ~upper], h[:, ~upper])
+    assert np.array_equal(hb[:, upper], np.ldexp(h[:, upper], 40))
+    assert log.index(("scale", 2)) < [i for i, e in enumerate(log) if e[:2] == ("gemm", "qproject")][0]
+
+
 def test_keep_plan_kernels(monkeypatch):
     """A keep plan compiles the last panels with their trailing outputs (and no fused Q kernel); aggregates are
     refused, so a caller falls back to qrgen.qmatrix."""
