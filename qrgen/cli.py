@@ -111,8 +111,8 @@ def parser() -> argparse.ArgumentParser:
                    help="also time a batch of every stress family at random positions (should cost what a dense one does)")
     s.add_argument("--profile", action="store_true",
                    help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs, the "
-                        "power-of-two scaling where the schedule has it, the aggregates' merge and each of its stages), by difference between CUDA-graph replays that "
-                        "leave stages out")
+                        "power-of-two scaling where the schedule has it, the aggregates' merge and each of its "
+                        "stages), by difference between CUDA-graph replays that leave stages out")
     return p
 
 
