@@ -520,10 +520,11 @@ def final_round(result: TuneResult, study, problem: Problem, evaluator, existing
             continue
         if schedule not in candidates and (len(candidates) < RUNOFF_SIZE or params == defaults):
             candidates[schedule] = ("default" if params == defaults else f"trial {t.number}", params)
+    file_schedule = None
     if existing is not None:
-        existing, params = existing
-        label, params = candidates.get(existing, ("", params))
-        candidates[existing] = ("existing file" + (f" ({label})" if label else ""), params)
+        file_schedule, params = existing
+        label, params = candidates.get(file_schedule, ("", params))
+        candidates[file_schedule] = ("existing file" + (f" ({label})" if label else ""), params)
     if len(candidates) < 2:
         return result
     log(f"final round: {', '.join(label for label, _ in candidates.values())}, {RUNOFF_ROUNDS} times each")
@@ -548,17 +549,18 @@ def final_round(result: TuneResult, study, problem: Problem, evaluator, existing
         return result
     median = {s: float(np.median(v)) for s, v in times.items()}
     best = min(median, key=median.get)
-    baseline = existing if existing in median else next(
+    baseline = file_schedule if file_schedule in median else next(
         (s for s in median if candidates[s][1] == defaults), None)
     if baseline is not None and median[best] > median[baseline] * (1 - MIN_GAIN):
         best = baseline
     summary = tuple((candidates[s][0], median[s]) for s in sorted(median, key=median.get))
-    log("final round (median of %d): " % RUNOFF_ROUNDS + "; ".join(f"{label} {t:,.1f} µs" for label, t in summary))
+    log(f"final round (median of {RUNOFF_ROUNDS}): " + "; ".join(f"{label} {t:,.1f} µs" for label, t in summary))
     out = Outcome(median[best], outcomes[best].factor, outcomes[best].orthogonality)
     default = next((Outcome(median[s], outcomes[s].factor, outcomes[s].orthogonality) for s in median
                     if candidates[s][1] == defaults), result.default)
+    kept = file_schedule is not None and best == file_schedule
     return TuneResult(best, candidates[best][1], out, result.complete, result.failed, result.study_name,
-                      result.storage, result.pareto, default, summary, existing is not None and best == existing)
+                      result.storage, result.pareto, default, summary, kept)
 
 
 def _fail(trial, reason: str):
