@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from . import qmatrix
 from .codegen import aggregates, plan
 from .reference import _panel, _tmatrix, round_to, scale, scale_exponents
 from .schedule import Schedule
@@ -137,7 +138,7 @@ def qr(a: np.ndarray, schedule: Schedule, complete: bool = False) -> tuple[np.nd
     drive(fac, engine)
     qcols = m if complete else fac.k
     q = np.zeros((batch, m, qcols), dtype=np.float32)
-    q[:, np.arange(min(m, qcols)), np.arange(min(m, qcols))] = 1.0
+    qmatrix._set_diagonal(q, 1)
     engine.buffers["q"] = q.reshape(batch, -1)
     drive_q(fac, engine, qcols)
     assert not engine.held, "side-lane work left unjoined"
