@@ -114,11 +114,12 @@ def _operand(x):
     return y, False, max(1, y.shape[2]), y.shape[1] * y.shape[2]
 
 
-def matmul(a, b, subtract_from=None):
+def matmul(a, b, subtract_from=None, precision: str = "fp32", out=None):
     """a @ b for 3-d CuPy float32 arrays (batch, r, d) and (batch, d, c) (a batch of 1 broadcasts), on the current
     stream, capturable in a CUDA graph. Returns a new C-contiguous array; with `subtract_from` c (batch, r, c),
     float32 with row-major last two axes, possibly a view into a larger array: c -= a @ b in place (beta 1),
-    returning c."""
+    returning c; with `out` such an array instead: out = a @ b (beta 0), returning out. `precision`: how the
+    inputs are rounded (a key of COMPUTE_TYPE), fp32 accumulation."""
     import cupy
 
     if a.ndim != 3 or b.ndim != 3 or a.shape[2] != b.shape[1]:
@@ -127,15 +128,18 @@ def matmul(a, b, subtract_from=None):
         raise TypeError(f"matmul takes float32 arrays; got {a.dtype} and {b.dtype}")
     batch = max(a.shape[0], b.shape[0])
     rows, depth, cols = a.shape[1], a.shape[2], b.shape[2]
-    if subtract_from is None:
+    if subtract_from is not None and out is not None:
+        raise ValueError("matmul takes subtract_from or out, not both")
+    if subtract_from is None and out is None:
         c, alpha, beta = cupy.empty((batch, rows, cols), dtype=cupy.float32), 1.0, 0.0
-        if depth == 0:
-            c.fill(0)
     else:
-        c, alpha, beta = subtract_from, -1.0, 1.0
+        name, c = ("subtract_from", subtract_from) if out is None else ("out", out)
+        alpha, beta = (-1.0, 1.0) if out is None else (1.0, 0.0)
         if c.shape != (batch, rows, cols) or c.dtype != cupy.float32 or c.strides[2] != 4 or c.strides[1] < 4 * cols:
-            raise ValueError(f"subtract_from must be float32 (batch, {rows}, {cols}) with row-major last two axes; got "
+            raise ValueError(f"{name} must be float32 (batch, {rows}, {cols}) with row-major last two axes; got "
                              f"{c.dtype} {c.shape} with strides {c.strides}")
+    if depth == 0 and beta == 0.0:
+        c.fill(0)
     if c.size == 0 or depth == 0:
         return c
     a, ta, lda, sa = _operand(a)
@@ -143,5 +147,5 @@ def matmul(a, b, subtract_from=None):
     sa = 0 if a.shape[0] == 1 else sa
     sb = 0 if b.shape[0] == 1 else sb
     gemm(c.device.id, cupy.cuda.get_current_stream().ptr, ta, tb, rows, cols, depth, alpha, a.data.ptr, lda, sa,
-         b.data.ptr, ldb, sb, beta, c.data.ptr, c.strides[1] // 4, c.strides[0] // 4, batch, "fp32")
+         b.data.ptr, ldb, sb, beta, c.data.ptr, c.strides[1] // 4, c.strides[0] // 4, batch, precision)
     return c

@@ -13,6 +13,8 @@ import numpy as np
 
 SIDES = ("L", "R")
 BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen.codegen.TMAT_THREADS)
+Q_WIDE_BLOCK_FROM = 4096  # householder_product's blocks are 256 wide from this min(m, n) on (q_block)
+GRAM_BATCHED_BELOW = 132  # batches smaller than this (the H200's SM count) get all blocks' V, G and T at once (_wy)
 
 
 def array_module(x):
@@ -34,15 +36,31 @@ def _matmul(xp, a, b):
     return matmul(a, b)
 
 
+def _cublas_target(xp, c) -> bool:
+    """Whether cuBLAS can write c where it lies: a float32 GPU array with row-major last two axes."""
+    item = c.itemsize
+    return xp is not np and c.dtype == xp.float32 and c.strides[2] == item and c.strides[1] >= c.shape[2] * item
+
+
 def _sub_matmul(xp, c, a, b):
     """c -= a @ b in place (c a view of a larger array is updated where it lies); on the GPU one cuBLAS call with
     beta 1 for float32 row-major c, no temporary and no separate subtraction."""
-    if xp is np or c.dtype != xp.float32 or c.strides[2] != c.itemsize or c.strides[1] < c.shape[2] * c.itemsize:
+    if not _cublas_target(xp, c):
         c -= _matmul(xp, a, b)
         return
     from .cublas import matmul
 
     matmul(a, b, subtract_from=c)
+
+
+def _matmul_into(xp, out, a, b) -> None:
+    """out = a @ b, out a view of a larger array written where it lies (on the GPU one cuBLAS call, beta 0)."""
+    if not _cublas_target(xp, out):
+        out[...] = _matmul(xp, a, b)
+        return
+    from .cublas import matmul
+
+    matmul(a, b, out=out)
 
 
 def _set_diagonal(x, value) -> None:
@@ -62,6 +80,14 @@ def _tmatrix(xp, gram, tau):
     return tmatrix_gpu(gram, tau)
 
 
+def q_block(m: int, n: int) -> int:
+    """householder_product's default block width: BLOCK, or 256 from min(m, n) = Q_WIDE_BLOCK_FROM on, where
+    wider blocks' fewer passes over Q and deeper second product pay for the larger T (measured on the H200:
+    2 x 4096² 8.5 -> 7.7 ms; at 2048² and below 128 is the fastest of 64, 128, 192 and 256; BENCHMARKS.md, tenth
+    session)."""
+    return 256 if min(m, n) >= Q_WIDE_BLOCK_FROM else BLOCK
+
+
 def blocks(m: int, n: int, block: int = BLOCK) -> list[tuple[int, int]]:
     """(first column, width) of each block of reflectors."""
     if not 1 <= block <= 256:
@@ -70,12 +96,58 @@ def blocks(m: int, n: int, block: int = BLOCK) -> list[tuple[int, int]]:
     return [(c0, min(block, k - c0)) for c0 in range(0, k, block)]
 
 
-def _wy(xp, h, tau, c0: int, w: int):
+def _block_reflectors(xp, h, block: int):
+    """V of every block at once, (batch, q, m, block): block i (first column c0) holds its reflectors in its first
+    columns over all m rows (unit diagonal at row c0 + j, zero above it), zero columns past the last reflector.
+    One elementwise pass over h, where a copy per block costs several launches each."""
+    batch, m, n = h.shape
+    k = min(m, n)
+    q = -(-k // block)
+    cols = q * block
+    if cols > n:
+        src = xp.concatenate([h, xp.zeros((batch, m, cols - n), dtype=h.dtype)], axis=2)
+    else:
+        src = h[:, :, :cols]
+    col = xp.arange(cols).reshape(q, 1, block)
+    row = xp.arange(m).reshape(1, m, 1)
+    below = (row > col) & (col < k)
+    unit = ((row == col) & (col < k)).astype(h.dtype)
+    return xp.where(below, src.reshape(batch, m, q, block).transpose(0, 2, 1, 3), unit)
+
+
+def _wy_block(xp, h, tau, c0: int, w: int):
     """V (batch, m - c0, w) and T (batch, w, w) of the reflectors c0 .. c0 + w - 1."""
     v = xp.tril(h[:, c0:, c0:c0 + w], -1)  # a new C-contiguous array
     _set_diagonal(v, 1)
     t = _tmatrix(xp, _matmul(xp, v.transpose(0, 2, 1), v), xp.ascontiguousarray(tau[:, c0:c0 + w]))
     return v, t
+
+
+def _wy(xp, h, tau, block: int, reverse: bool = False):
+    """Yields (c0, V, T) of each block of reflectors (first column c0, V (batch, m - c0, w), T (batch, w, w),
+    B = I - V T V^T), first to last or last to first.
+
+    A batch smaller than GRAM_BATCHED_BELOW gets every block's V in one pass over h (_block_reflectors), their
+    Gram matrices V^T V in one product over all m rows (rows above a block are zero in it) and their T in one
+    T-kernel launch: block by block, each product would have batch * (w / 128)^2 output tiles, too few for the
+    GPU, and each launch its own latency. A larger batch fills the GPU block by block, where the rows above each
+    block stay out of its products and only one block's V is held at a time."""
+    order = list(enumerate(blocks(h.shape[1], h.shape[2], block)))
+    if reverse:
+        order.reverse()
+    batch = h.shape[0]
+    if batch >= GRAM_BATCHED_BELOW:
+        for _, (c0, w) in order:
+            yield (c0, *_wy_block(xp, h, tau, c0, w))
+        return
+    v = _block_reflectors(xp, h, block)
+    _, q, m, w = v.shape
+    flat = v.reshape(batch * q, m, w)
+    taus = xp.zeros((batch, q * w), dtype=tau.dtype)
+    taus[:, :tau.shape[1]] = tau
+    t = _tmatrix(xp, _matmul(xp, flat.transpose(0, 2, 1), flat), taus.reshape(batch * q, w)).reshape(batch, q, w, w)
+    for i, (c0, wi) in order:
+        yield c0, v[:, i, c0:, :wi], t[:, i, :wi, :wi]
 
 
 def _left(xp, part, v, tt):
@@ -90,34 +162,42 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BL
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     xp = array_module(h)
     m, n = h.shape[-2:]
+    blocks(m, n, block)  # checks block before anything is allocated
     out = c.copy()
-    order = blocks(m, n, block)
     # Q = B_0 ... B_{q-1}: Q^T C and C Q take the blocks first to last; Q C and C Q^T last to first.
     forward = transpose if side == "L" else not transpose
-    for c0, w in (order if forward else order[::-1]):
-        v, t = _wy(xp, h, tau, c0, w)
+    for c0, vi, ti in _wy(xp, h, tau, block, reverse=not forward):
+        tt = ti.transpose(0, 2, 1) if transpose else ti
         if side == "L":  # C[c0:] -= V op(T) V^T C[c0:]
-            _left(xp, out[:, c0:, :], v, t.transpose(0, 2, 1) if transpose else t)
+            _left(xp, out[:, c0:, :], vi, tt)
         else:  # C[:, c0:] -= C[:, c0:] V op(T) V^T, with op(T) = T for C Q and T^T for C Q^T
             part = out[:, :, c0:]
-            tt = t.transpose(0, 2, 1) if transpose else t
-            _sub_matmul(xp, part, _matmul(xp, _matmul(xp, part, v), tt), v.transpose(0, 2, 1))
+            _sub_matmul(xp, part, _matmul(xp, _matmul(xp, part, vi), tt), vi.transpose(0, 2, 1))
     return out
 
 
-def householder_product(h, tau, complete: bool = False, block: int = BLOCK):
-    """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True.
+def householder_product(h, tau, complete: bool = False, block: int | None = None):
+    """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True, in blocks of `block` reflectors
+    (default q_block(m, n)).
 
-    Q = B_0 ... B_{q-1} I, the last block first. Before B_i is applied, the columns left of its first column c0
-    are still those of I, zero in B_i's rows, so B_i only changes Q[c0:, c0:] (as LAPACK's sorgqr does)."""
+    Q = B_0 ... B_{q-1} I, the last block first. Before B_i (first column c0, width w) is applied, the later
+    blocks have changed only rows and columns from c0 + w on: the columns left of c0 are still those of I, zero in
+    B_i's rows, so B_i only changes P = Q[c0:, c0:] (as LAPACK's sorgqr does); and P = [[I_w, 0], [0, P22]], so
+    V^T P = [V1^T, V2^T P22] with V = [V1; V2] split after w rows: the first product's depth and width shrink by w
+    (a third of its work at 1024^2 with blocks of 128, half at 512^2)."""
     xp = array_module(h)
     batch, m, n = h.shape
     cols = m if complete else min(m, n)
+    block = q_block(m, n) if block is None else block
+    blocks(m, n, block)  # checks block before anything is allocated
     q = xp.zeros((batch, m, cols), dtype=h.dtype)
     _set_diagonal(q, 1)
-    for c0, w in blocks(m, n, block)[::-1]:
-        v, t = _wy(xp, h, tau, c0, w)
-        _left(xp, q[:, c0:, c0:], v, t)
+    for c0, v, t in _wy(xp, h, tau, block, reverse=True):
+        part, w = q[:, c0:, c0:], v.shape[2]
+        vtp = xp.empty((batch, w, part.shape[2]), dtype=h.dtype)
+        vtp[:, :, :w] = v[:, :w, :].transpose(0, 2, 1)
+        _matmul_into(xp, vtp[:, :, w:], v[:, w:, :].transpose(0, 2, 1), part[:, w:, w:])
+        _sub_matmul(xp, part, v, _matmul(xp, t, vtp))
     return q
 
 

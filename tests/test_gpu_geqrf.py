@@ -346,6 +346,12 @@ def test_cublas_matmul_layouts():
         expect = before.copy()
         expect[:, 2:2 + x.shape[1], 1:1 + y.shape[2]] -= cupy.matmul(x, y)
         assert cupy.allclose(big, expect, atol=1e-4)
+        assert matmul(x, y, out=view) is view  # written into the view (beta 0), the rest of big untouched
+        expect[:, 2:2 + x.shape[1], 1:1 + y.shape[2]] = cupy.matmul(x, y)
+        assert cupy.allclose(big, expect, atol=1e-4)
+        assert cupy.allclose(matmul(x, y, precision="tf32"), cupy.matmul(x, y), atol=1e-1)  # tf32 inputs allowed
+    with pytest.raises(ValueError, match="not both"):
+        matmul(a, b, subtract_from=view, out=view)
 
 
 def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():

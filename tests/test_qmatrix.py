@@ -97,6 +97,40 @@ def test_q_is_the_same_for_every_block_width(m, n, complete):
     assert [b for b in qmatrix.blocks(m, n, 64)] == [(c, min(64, min(m, n) - c)) for c in range(0, min(m, n), 64)]
     with pytest.raises(ValueError, match="block"):
         qmatrix.blocks(m, n, 300)
+    with pytest.raises(ValueError, match="block"):
+        qmatrix.householder_product(h, tau, complete, 0)
+
+
+def test_q_block_widens_from_4096():
+    assert qmatrix.q_block(2048, 2048) == qmatrix.q_block(8192, 512) == qmatrix.BLOCK == 128
+    assert qmatrix.q_block(4096, 4096) == qmatrix.q_block(8192, 4096) == 256
+
+
+@pytest.mark.parametrize("m,n", [(150, 130), (130, 150), (90, 90)])
+def test_both_gram_paths_give_the_same_wy_forms(m, n, monkeypatch):
+    """_wy's two ways, all blocks at once (small batches: V of every block over all m rows, one Gram product, one
+    T launch) and block by block (large ones): the same V and T in either order, hence the same Q and Q^T C."""
+    rng = np.random.default_rng(5)
+    h, tau = reference.geqrf(rng.standard_normal((3, m, n)))
+    c = rng.standard_normal((3, m, 4))
+    results = []
+    for below in (10**9, 0):
+        monkeypatch.setattr(qmatrix, "GRAM_BATCHED_BELOW", below)
+        forms = list(qmatrix._wy(np, h, tau, 64))
+        assert [c0 for c0, _, _ in forms] == [c0 for c0, _ in qmatrix.blocks(m, n, 64)]
+        assert [c0 for c0, _, _ in qmatrix._wy(np, h, tau, 64, reverse=True)] == [c0 for c0, _, _ in forms][::-1]
+        results.append((forms, qmatrix.householder_product(h, tau, False, 64),
+                        qmatrix.apply_q(h, tau, c, "L", True, 64)))
+    (forms, *outs), (forms_b, *outs_b) = results
+    for x, y in zip(outs, outs_b):
+        np.testing.assert_allclose(x, y, atol=1e-12)
+    for (c0, v, t), (_, vb, tb), (_, w) in zip(forms, forms_b, qmatrix.blocks(m, n, 64)):
+        assert v.shape == vb.shape == (3, m - c0, w) and t.shape == tb.shape == (3, w, w)
+        np.testing.assert_array_equal(v, vb)  # unit lower trapezoid from h's reflectors, either way
+        np.testing.assert_allclose(t, tb, atol=1e-12)
+        np.testing.assert_array_equal(v[:, w:], h[:, c0 + w:, c0:c0 + w])
+        np.testing.assert_array_equal(np.triu(v[:, :w], 1), 0)
+        np.testing.assert_array_equal(np.diagonal(v, axis1=1, axis2=2), 1)
 
 
 @pytest.mark.parametrize("m,n", [(32, 32), (100, 20), (40, 1), (257, 32)])
