@@ -134,9 +134,7 @@ def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
 
 def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]]:
     """The distinct kernels a schedule needs, and the launch of each panel in order. keep: every panel writes its
-    V^T and (VT)^T, the last ones too, for qr's Q (runtime.drive_q; schedules without aggregates only)."""
-    if keep and schedule.aggregate:
-        raise ValueError("a keep plan (every panel's V^T and (VT)^T kept for Q) is for schedules without aggregates")
+    V^T and (VT)^T, the last ones too, and every aggregate is merged, the last one too, for qr's Q (runtime.drive_q)."""
     keys: dict[tuple, list[int]] = {}
     launches = []
     aggs = aggregates(schedule)
@@ -177,7 +175,7 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
     if schedule.panel_update == "split":
         widths = sorted({L.width for L in launches if L.nc > 0})
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
-    if any(a.nc > 0 for a in aggs):
+    if any(a.nc > 0 for a in aggs) or (keep and aggs):
         kernels.append(tmat_kernel())
     if schedule.scaled:
         kernels.append(scale_kernel())

@@ -17,8 +17,17 @@ from .schedule import check_precision
 MODES = ("reduced", "complete", "r", "raw")
 # qr forms Q from the factorization's kept panels (a rank-width update per panel, few launches) up to this many
 # floats of Q, or for one panel; larger Qs, whose time is the GPU's, keep qrgen.qmatrix's blocks of 128 (fewer
-# passes over Q).
+# passes over Q). Schedules with aggregates keep their aggregates (128 wide in the committed schedules) instead.
 KEEP_MAX_FLOATS = 1 << 23
+
+
+def keeps_q(schedule, launches: int, q_floats: int) -> bool:
+    """Whether qr forms Q from a keep plan of `schedule` (runtime.drive_q) rather than from h and tau by
+    qrgen.qmatrix. Only where every kept T comes from an exact (fp32) Gram matrix, since Q's orthogonality is
+    T's accuracy; then for aggregates, for one panel, or for a Q of up to KEEP_MAX_FLOATS floats."""
+    exact = schedule.precision.gram == "fp32" or (
+        not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
+    return exact and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)
 
 
 def _arrays(**named):
@@ -113,10 +122,10 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
         return arr.wrap(q.reshape(*lead, m, n)), arr.wrap(r.reshape(*lead, n, n))
     qcols = m if mode == "complete" else min(m, n)
     keep = None
-    if mode in ("reduced", "complete") and fac is not None and (
-            len(fac.launches) == 1 or batch * m * qcols <= KEEP_MAX_FLOATS):
+    if mode in ("reduced", "complete") and fac is not None and keeps_q(fac.schedule, len(fac.launches),
+                                                                       batch * m * qcols):
         keep = fac.keep_variant()
-    if keep is not None:  # Q from the factorization's own kept panels: two GEMMs a panel (runtime.drive_q)
+    if keep is not None:  # Q from the factorization's kept panels or aggregates: two GEMMs each (runtime.drive_q)
         import cupy
 
         with on_caller_stream(arr) as stream:

@@ -89,11 +89,12 @@ class Factorizer:
         self.m, self.n, self.k = m, n, min(m, n)
         self.schedule = schedule
         self.arch = arch
-        # keep: every panel's V^T and (VT)^T kept in a region of its own, from which run_q forms Q (drive_q)
+        # keep: every panel's (or aggregate's) V^T and (VT)^T kept in a region of its own, from which Q is formed
+        # after the factorization (drive_q)
         self.keep = keep
         self.kernels, self.launches = codegen.plan(schedule, keep)
-        self.keep_offsets = keep_offsets(self.launches) if keep else ()
         self.aggregates = codegen.aggregates(schedule)
+        self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
         # is aligned for the kernel's loads; a wide one (m < n) needs those columns in h before its update.
@@ -112,8 +113,8 @@ class Factorizer:
         self._keep_variant: "Factorizer | None | bool" = False  # not yet made (keep_variant)
 
     def keep_variant(self) -> "Factorizer | None":
-        """The same schedule as a keep plan, for qr's Q (made once); None where a keep plan does not apply
-        (aggregates, or a panel whose kept outputs would not fit its shared memory)."""
+        """The same schedule as a keep plan, for qr's Q (made once); None where a keep plan does not apply (a panel
+        whose kept outputs would not fit its shared memory)."""
         if self._keep_variant is False:
             try:
                 self._keep_variant = Factorizer(self.m, self.n, self.schedule, self.arch, keep=True)
@@ -313,14 +314,15 @@ class Sizes:
     @classmethod
     def of(cls, fac: "Factorizer") -> "Sizes":
         trail = [L for L in fac.launches if L.trail] or fac.launches
-        aggs = [a for a in fac.aggregates if a.nc > 0]
-        kept = sum(L.width * L.rows for L in fac.launches) if fac.keep else 0  # every panel's region
+        # a keep plan merges every aggregate, the last one too (for Q); a plain plan those with columns after them
+        aggs = [a for a in fac.aggregates if a.nc > 0 or fac.keep]
+        kept = sum(b.width * b.rows for b in fac.kept)  # every kept block's region (keep plans)
         return cls(vt=max([L.v_bs for L in trail] + [kept]),
-                   zt=max([L.width * L.rows for L in trail] + [kept]),
-                   wq=max([L.width * (fac.m - L.c0) for L in fac.launches]) if fac.keep else 1,
+                   zt=max([L.width * L.rows for L in trail] + [kept if not fac.aggregates else 0]),
+                   wq=max([b.width * (fac.m - b.c0) for b in fac.kept] + [1]),
                    w=max([L.width * L.nc for L in fac.launches] + [(a.a1 - a.a0) * a.nc for a in aggs] + [1]),
                    g=max([(a.a1 - a.a0) ** 2 for a in aggs] + [1]),
-                   zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [1]))
+                   zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [kept if fac.aggregates else 0] + [1]))
 
 
 def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
@@ -328,7 +330,10 @@ def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
     (the side stream still reads one aggregate's while the next one's panels write the other), and the side
     stream's W has its own."""
     names = ("vt", "zt", "w", "g", "zg")
-    return names + (("vt2", "zg2", "w2") if fac.schedule.lookahead else ()) + (("wq",) if fac.keep else ())
+    ahead = fac.schedule.lookahead
+    # (a keep plan's aggregates have regions of their own, so it needs no second V^T and (V T)^T)
+    return (names + (("vt2", "zg2") if ahead and not fac.keep else ()) + (("w2",) if ahead else ())
+            + (("wq",) if fac.keep else ()))
 
 
 def side_pieces(c0: int, c1: int, rows: int, batch: int, sms: int, waves: int) -> list[tuple[int, int]]:
@@ -361,7 +366,7 @@ def drive(fac: "Factorizer", engine) -> None:
     ahead = fac.schedule.lookahead
     epoch = 0
     aggs = list(fac.aggregates)
-    by_last = {a.last: i for i, a in enumerate(aggs) if a.nc > 0}
+    by_last = {a.last: i for i, a in enumerate(aggs) if a.nc > 0 or fac.keep}
     firsts = {a.first for a in aggs if a.nc > 0}
     owner = {p: i for i, a in enumerate(aggs) for p in range(a.first, a.last + 1)}
     pending = False  # side-stream work not yet joined
@@ -369,7 +374,10 @@ def drive(fac: "Factorizer", engine) -> None:
         engine.scale(0)
 
     def suffix(index):  # which of the two V^T / (V T)^T buffers panel `index` and its aggregate use
-        return "2" if ahead and owner.get(index, 0) % 2 else ""
+        return "2" if ahead and not fac.keep and owner.get(index, 0) % 2 else ""
+
+    def kept_base(index):  # a keep plan: where the kept block of panel `index` begins in "vt" (and "zt" or "zg")
+        return engine.nb * fac.kept[owner[index] if aggs else index].offset
 
     def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False):
         """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first)."""
@@ -381,11 +389,18 @@ def drive(fac: "Factorizer", engine) -> None:
 
     for index, L in enumerate(fac.launches):
         vt = "vt" + suffix(index)
-        if index in firsts:
-            engine.zero(vt)  # an aggregate's V^T is zero above each panel's rows
-        # A keep plan's panel j writes its V^T and (VT)^T into regions of their own, nb * keep_offsets[j] floats in
-        kept = engine.nb * fac.keep_offsets[index] if fac.keep else 0
-        v, z = (vt, L.v_row * L.v_ld + L.v_row + kept), ("zt", kept)
+        if fac.keep:
+            # A keep plan's panel writes its V^T into its kept block's region (a panel's own, or its aggregate's,
+            # zero above each panel's rows: all of "vt" is zeroed once), and its (VT)^T into its own region
+            # where there are no aggregates (an aggregate's comes from the merge).
+            if index == 0 and aggs:
+                engine.zero("vt")
+            base = kept_base(index)
+            v, z = ("vt", L.v_row * L.v_ld + L.v_row + base), ("zt", 0 if aggs else base)
+        else:
+            if index in firsts:
+                engine.zero(vt)  # an aggregate's V^T is zero above each panel's rows
+            v, z = (vt, L.v_row * L.v_ld + L.v_row), ("zt", 0)
         engine.panel(index, L, epoch, v, z)
         if L.blocks > 1:
             epoch += L.blocks * L.barriers
@@ -399,16 +414,22 @@ def drive(fac: "Factorizer", engine) -> None:
         agg = aggs[i]
         a, rows = agg.a1 - agg.a0, agg.rows
         vbs = a * rows
-        zg = "zg" + suffix(index)
-        engine.gemm("gram", False, True, a, a, rows, 1.0, (vt, 0), rows, vbs, (vt, 0), rows, vbs,
+        if fac.keep:  # the aggregate's kept region, its matrices a * rows floats apart in "vt" and "zg"
+            base = kept_base(index)
+            vt_at, zg_at, zg_bs = ("vt", base), ("zg", base), vbs
+        else:
+            vt_at, zg_at, zg_bs = (vt, 0), ("zg" + suffix(index), 0), sizes.zg
+        engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
                     0.0, ("g", 0), a, sizes.g, prec.gram)
         engine.tmat(agg)
-        engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, (vt, 0), rows, vbs,
-                    0.0, (zg, 0), rows, sizes.zg, "fp32")
+        engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, vt_at, rows, vbs,
+                    0.0, zg_at, rows, zg_bs, "fp32")
+        if agg.nc == 0:  # a keep plan's last aggregate: merged for Q only
+            continue
         if pending:
             engine.join()
             pending = False
-        args = ((zg, 0), rows, sizes.zg, (vt, 0), rows, vbs, a, rows)
+        args = (zg_at, rows, zg_bs, vt_at, rows, vbs, a, rows)
         row0 = agg.a0 * n
         nxt = aggs[i + 1] if i + 1 < len(aggs) else None
         if ahead and nxt is not None and nxt.nc > 0:
@@ -426,33 +447,44 @@ def drive(fac: "Factorizer", engine) -> None:
         engine.scale(2)
 
 
-def keep_offsets(launches) -> tuple[int, ...]:
-    """Where each panel's kept V^T and (VT)^T begin, in floats per matrix of the chunk (a keep plan's region j
-    holds the chunk's matrices at width * rows floats apart, from nb * keep_offsets[j] on)."""
+@dataclass(frozen=True)
+class Kept:
+    """A block reflector a keep plan keeps for Q: a panel, or an aggregate of panels. Its V^T (in buffer "vt") and
+    (VT)^T (in `z`: "zt" for a panel, "zg" for an aggregate) are width x rows, from row c0, the chunk's matrices
+    width * rows floats apart from nb * offset floats on."""
+
+    c0: int
+    width: int
+    rows: int
+    offset: int
+    z: str
+
+
+def kept_blocks(launches, aggs) -> tuple[Kept, ...]:
+    """A keep plan's kept blocks in order: its aggregates where it has them, else its panels."""
+    spans = [(a.a0, a.a1 - a.a0, a.rows, "zg") for a in aggs] or [(L.c0, L.width, L.rows, "zt") for L in launches]
     out, at = [], 0
-    for L in launches:
-        out.append(at)
-        at += L.width * L.rows
+    for c0, width, rows, z in spans:
+        out.append(Kept(c0, width, rows, at, z))
+        at += width * rows
     return tuple(out)
 
 
 def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
-    """Q from a keep plan's kept panels, after drive(): the engine's buffer "q" holds the chunk's (m, qcols)
+    """Q from a keep plan's kept blocks, after drive(): the engine's buffer "q" holds the chunk's (m, qcols)
     matrices, the identity's first qcols columns (qcols = k for qr's reduced Q, m for the complete one). Q =
-    H_0 ... H_{k-1} I, the last panel first: panel j's block reflector I - V T V^T changes only Q[c0:, c0:] (the
-    columns left of c0 are still the identity's, zero in its rows), by W = V^T Q[c0:, c0:] and then
-    Q[c0:, c0:] -= (V T) W, the panel's (VT)^T read transposed: two GEMMs a panel, in fp32."""
+    H_0 ... H_{k-1} I, the last block first: a block's reflector I - V T V^T (a panel's, or an aggregate's) changes
+    only Q[c0:, c0:] (the columns left of c0 are still the identity's, zero in its rows), by W = V^T Q[c0:, c0:]
+    and then Q[c0:, c0:] -= (V T) W, the (VT)^T read transposed: two GEMMs a block, in fp32."""
     m = fac.m
-    for index in reversed(range(len(fac.launches))):
-        L = fac.launches[index]
-        kept = engine.nb * fac.keep_offsets[index]
-        c0, w, rows = L.c0, L.width, L.rows
-        qc = qcols - c0
-        q = ("q", c0 * qcols + c0)
-        engine.gemm("qproject", False, False, w, qc, rows, 1.0, ("vt", kept), rows, w * rows, q, qcols, m * qcols,
-                    0.0, ("wq", 0), qc, engine.sizes.wq, "fp32")
-        engine.gemm("qupdate", True, False, rows, qc, w, -1.0, ("zt", kept), rows, w * rows, ("wq", 0), qc,
-                    engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
+    for b in reversed(fac.kept):
+        base = engine.nb * b.offset
+        qc = qcols - b.c0
+        q = ("q", b.c0 * qcols + b.c0)
+        engine.gemm("qproject", False, False, b.width, qc, b.rows, 1.0, ("vt", base), b.rows, b.width * b.rows, q,
+                    qcols, m * qcols, 0.0, ("wq", 0), qc, engine.sizes.wq, "fp32")
+        engine.gemm("qupdate", True, False, b.rows, qc, b.width, -1.0, (b.z, base), b.rows, b.width * b.rows,
+                    ("wq", 0), qc, engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
 
 
 STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale")

@@ -24,14 +24,14 @@ class _Fac:
     """What drive() reads of a Factorizer."""
 
     def __init__(self, schedule: Schedule, keep: bool = False):
-        from .runtime import keep_offsets
+        from .runtime import kept_blocks
 
         self.m, self.n, self.k = schedule.m, schedule.n, min(schedule.m, schedule.n)
         self.schedule = schedule
         self.keep = keep
         self.kernels, self.launches = plan(schedule, keep)
-        self.keep_offsets = keep_offsets(self.launches) if keep else ()
         self.aggregates = aggregates(schedule)
+        self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
 
 
 class NumpyEngine:

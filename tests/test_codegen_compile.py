@@ -95,10 +95,18 @@ def test_compile_error_names_the_kernel(tmp_path, monkeypatch):
 
 
 def _committed_kernels():
+    """Every kernel of the committed schedules' plans, and of their keep plans where qrgen.qr uses one at the
+    file's batch (linalg.keeps_q)."""
+    from qrgen.linalg import keeps_q
+
     items = {}
     for path in sorted((ROOT / "schedules" / "sm_90").glob("*.json")):
         schedule, _ = load(path)
-        for r in codegen.render_all(schedule, "sm_90"):
+        batch = int(path.stem.rsplit("_b", 1)[1])
+        _, launches = codegen.plan(schedule)
+        keep = keeps_q(schedule, len(launches), batch * schedule.m * min(schedule.m, schedule.n))
+        for r in codegen.render_all(schedule, "sm_90") + (codegen.render_all(schedule, "sm_90", keep=True)
+                                                           if keep else []):
             items[(path.stem, r.name)] = r.source
     return items
 

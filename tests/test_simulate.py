@@ -199,6 +199,62 @@ def test_q_from_the_kept_panels(m, n, width, variant, panel_update, complete):
         schedule.panels)
 
 
+KEPT_AGGREGATED = [_uniform(200, 200, 16, aggregate=64), _uniform(300, 130, 16, aggregate=64),
+                   _uniform(96, 160, 32, aggregate=32), _uniform(200, 200, 16, aggregate=256),
+                   _uniform(200, 200, 16, aggregate=32, lookahead=32),
+                   _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="split"),
+                   _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes"),
+                   _uniform(192, 160, 16, aggregate=64, precision=Precision("fp16", "bf16", "fp16"),
+                            panel_update="split")]
+
+
+@pytest.mark.parametrize("schedule", KEPT_AGGREGATED, ids=_id)
+@pytest.mark.parametrize("complete", [False, True])
+def test_q_from_the_kept_aggregates(schedule, complete):
+    """A keep plan with aggregates keeps each aggregate's V^T and (VT)^T (the last aggregate merged for Q alone;
+    under lookahead every aggregate in a region of its own, no second buffers): Q from two GEMMs an aggregate
+    matches the reference's Q, the factorization is unchanged bit for bit, and the regions do not overlap."""
+    from qrgen import qmatrix
+    from qrgen.runtime import Sizes, buffer_names
+
+    m, n = schedule.m, schedule.n
+    a = stress("random", m, n, 2, seed=m + n)
+    q, h, log = simulate.qr(a, schedule, complete)
+    h0, tau0, _ = simulate.geqrf(a, schedule)
+    assert np.array_equal(h, h0)
+    # Q of the same reflectors, formed in float64 by blocks of 128: the kept aggregates' Q to fp32 rounding
+    qr_ = qmatrix.householder_product(h0.astype(np.float64), tau0.astype(np.float64), complete)
+    assert q.shape == qr_.shape and np.abs(q - qr_).max() <= 2e-5 * max(m, n)
+    fac = simulate._Fac(schedule, keep=True)
+    aggs = fac.aggregates
+    assert [(b.c0, b.width, b.z) for b in fac.kept] == [(g.a0, g.a1 - g.a0, "zg") for g in aggs]
+    assert all(b.offset + b.width * b.rows == c.offset for b, c in zip(fac.kept, fac.kept[1:]))
+    sizes = Sizes.of(fac)
+    assert sizes.vt == sizes.zg == fac.kept[-1].offset + fac.kept[-1].width * fac.kept[-1].rows
+    assert "vt2" not in buffer_names(fac) and "zg2" not in buffer_names(fac)
+    gemms = [e[1] for e in log if e[0] == "gemm"]
+    assert gemms.count("aggregate") == len(aggs) and gemms[-2 * len(aggs):] == ["qproject", "qupdate"] * len(aggs)
+    assert log.count(("zero", "vt")) == 1 and log[0] in (("zero", "vt"), ("scale", 0))
+
+
+def test_qr_keeps_q_only_where_every_kept_t_is_exact():
+    """qrgen.qr's choice of a keep plan: aggregates when their Gram is fp32 (Q's orthogonality is T's accuracy: the
+    committed 4096² schedules' fp16 Gram stays with qrgen.qmatrix); without aggregates, one panel or a small Q, and
+    panels whose own G is exact (lanes) or fp32."""
+    from qrgen.linalg import KEEP_MAX_FLOATS, keeps_q
+
+    agg = _uniform(256, 256, 16, aggregate=64)
+    assert keeps_q(agg, 16, 1 << 30)
+    assert not keeps_q(_uniform(256, 256, 16, aggregate=64, precision=Precision("fp16", "bf16", "fp16")), 16, 1)
+    assert not keeps_q(_uniform(256, 256, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32")), 16, 1)
+    rows_tf32 = _uniform(256, 256, 16, precision=Precision("tf32", "fp32", "fp32"))
+    lanes_tf32 = _uniform(256, 256, 16, variant="lanes", precision=Precision("tf32", "fp32", "fp32"))
+    assert not keeps_q(rows_tf32, 16, 1) and keeps_q(lanes_tf32, 16, 1)
+    plain = _uniform(256, 256, 16)
+    assert keeps_q(plain, 16, KEEP_MAX_FLOATS) and not keeps_q(plain, 16, KEEP_MAX_FLOATS + 1)
+    assert keeps_q(plain, 1, KEEP_MAX_FLOATS + 1)
+
+
 def test_q_from_the_kept_panels_of_a_scaled_schedule():
     """A keep plan under Schedule.scaled: the kept V^T and (VT)^T do not depend on the scale, so Q of a 2^40 is Q
     of a, bit for bit, and R is scaled back before drive_q runs."""
@@ -214,8 +270,8 @@ def test_q_from_the_kept_panels_of_a_scaled_schedule():
 
 
 def test_keep_plan_kernels(monkeypatch):
-    """A keep plan compiles the last panels with their trailing outputs (and no fused Q kernel); aggregates are
-    refused, so a caller falls back to qrgen.qmatrix."""
+    """A keep plan compiles the last panels with their trailing outputs (and no fused Q kernel); with aggregates,
+    the T kernel too, even where only the last aggregate is merged."""
     from qrgen.codegen import plan
 
     schedule = _uniform(176, 176, 32, variant="lanes")
@@ -234,8 +290,9 @@ def test_keep_plan_kernels(monkeypatch):
     assert {L.kernel for L in kept} <= {k.name for k in fac.kernels}
     one = _uniform(32, 32, 32, variant="lanes")
     assert any(k.formq for k in plan(one)[0]) and not any(k.formq for k in plan(one, keep=True)[0])
-    with pytest.raises(ValueError, match="without aggregates"):
-        plan(_uniform(200, 200, 16, aggregate=64), keep=True)
+    one_agg = _uniform(200, 200, 16, aggregate=256)  # a single aggregate: nothing after it to update
+    assert not any(k.name == "qr_tmat" for k in plan(one_agg)[0])
+    assert sum(k.name == "qr_tmat" for k in plan(one_agg, keep=True)[0]) == 1
 
 
 FP16 = _uniform(256, 256, 16, aggregate=64, precision=Precision("fp16", "fp32", "fp16"), panel_update="split")
