@@ -474,17 +474,32 @@ def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
     """Q from a keep plan's kept blocks, after drive(): the engine's buffer "q" holds the chunk's (m, qcols)
     matrices, the identity's first qcols columns (qcols = k for qr's reduced Q, m for the complete one). Q =
     H_0 ... H_{k-1} I, the last block first: a block's reflector I - V T V^T (a panel's, or an aggregate's) changes
-    only Q[c0:, c0:] (the columns left of c0 are still the identity's, zero in its rows), by W = V^T Q[c0:, c0:]
-    and then Q[c0:, c0:] -= (V T) W, the (VT)^T read transposed: two GEMMs a block, in fp32."""
+    only P = Q[c0:, c0:] (the columns left of c0 are still the identity's, zero in its rows), by W = V^T P and then
+    P -= (V T) W, the (VT)^T read transposed, in fp32.
+
+    The later blocks have changed only rows and columns from c0 + w on, so P = [[I_w, 0], [0, P22]] and
+    W = [V1^T, V2^T P22] (V split after its first w rows): for an aggregate, W's first w columns come from a product
+    of depth w (V1^T times P's identity block) and the rest from one of depth rows - w over P22 alone, three GEMMs
+    where two would read all of P (the first product shrinks by a third at 1024² with aggregates of 128); a
+    panel's block is too narrow for the extra launch to pay, and keeps two."""
     m = fac.m
     for b in reversed(fac.kept):
         base = engine.nb * b.offset
-        qc = qcols - b.c0
+        w, qc = b.width, qcols - b.c0
         q = ("q", b.c0 * qcols + b.c0)
-        engine.gemm("qproject", False, False, b.width, qc, b.rows, 1.0, ("vt", base), b.rows, b.width * b.rows, q,
-                    qcols, m * qcols, 0.0, ("wq", 0), qc, engine.sizes.wq, "fp32")
-        engine.gemm("qupdate", True, False, b.rows, qc, b.width, -1.0, (b.z, base), b.rows, b.width * b.rows,
-                    ("wq", 0), qc, engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
+        vt = ("vt", base)
+        if b.z == "zg":  # W[:, :w] = V1^T I_w; W[:, w:] = V2^T P22 (when P has columns past the block)
+            engine.gemm("qproject", False, False, w, w, w, 1.0, vt, b.rows, w * b.rows, q, qcols, m * qcols, 0.0,
+                        ("wq", 0), qc, engine.sizes.wq, "fp32")
+            if qc > w:
+                engine.gemm("qproject", False, False, w, qc - w, b.rows - w, 1.0, ("vt", base + w), b.rows,
+                            w * b.rows, ("q", (b.c0 + w) * qcols + b.c0 + w), qcols, m * qcols, 0.0, ("wq", w), qc,
+                            engine.sizes.wq, "fp32")
+        else:
+            engine.gemm("qproject", False, False, w, qc, b.rows, 1.0, vt, b.rows, w * b.rows, q, qcols, m * qcols,
+                        0.0, ("wq", 0), qc, engine.sizes.wq, "fp32")
+        engine.gemm("qupdate", True, False, b.rows, qc, w, -1.0, (b.z, base), b.rows, w * b.rows, ("wq", 0), qc,
+                    engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
 
 
 STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale")
