@@ -216,6 +216,7 @@ struct LanesPanel {
   struct Shared {
     float red[2][WARPS][32];
     float piv[2][32];
+    float tot[2][32];  // the block's sums, by parity of the column (one block)
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
@@ -292,9 +293,15 @@ struct LanesPanel {
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
       __syncthreads();
-      tot = 0.0f;
+      
+      if (warp == 0) {
+        float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) tot += sm.red[buf][w][lane];
+        for (int w = 0; w < WARPS; ++w) sum += sm.red[buf][w][lane];
+        sm.tot[buf][lane] = sum;
+      }
+      __syncthreads();
+      tot = sm.tot[buf][lane];
       pv = sm.piv[buf][lane];
     }
     const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
