@@ -406,7 +406,7 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
     with warnings.catch_warnings():  # multivariate and group are marked experimental; they suit this space
         warnings.simplefilter("ignore")
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                             warn_independent_sampling=False)
+                                             warn_independent_sampling=False, constraints_func=_constraints)
     directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
     study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
                                 load_if_exists=True)
@@ -429,9 +429,14 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
         trial.set_user_attr("time_us", outcome.time_us)
         trial.set_user_attr("factor", outcome.factor)
         trial.set_user_attr("orthogonality", outcome.orthogonality)
+        # An inaccurate trial keeps its time, marked infeasible (the sampler learns where the gates fail; a failed
+        # trial would teach it nothing), and is never chosen.
+        trial.set_user_attr(CONSTRAINT, [outcome.factor / TUNE_FACTOR_GATE - 1,
+                                         outcome.orthogonality / TUNE_ORTHOGONALITY_GATE - 1])
         if not outcome.accurate:
-            return _fail(trial, f"inaccurate: factor {outcome.factor:.3g} (limit {TUNE_FACTOR_GATE:g}), "
-                                f"orthogonality {outcome.orthogonality:.3g} (limit {TUNE_ORTHOGONALITY_GATE:g})")
+            trial.set_user_attr("failure", f"inaccurate: factor {outcome.factor:.3g} (limit {TUNE_FACTOR_GATE:g}), "
+                                           f"orthogonality {outcome.orthogonality:.3g} (limit "
+                                           f"{TUNE_ORTHOGONALITY_GATE:g})")
         return [outcome.time_us, outcome.factor] if multi_objective else outcome.time_us
 
     def ask():
@@ -465,15 +470,16 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
                          if schedule is not None and schedule not in measured])
             trial, params, schedule, reason = queue[0]
             try:
-                values, state = evaluate(trial, params, schedule, reason), "ok"
+                values = evaluate(trial, params, schedule, reason)
+                state = trial.user_attrs.get("failure", "ok")
             except TrialFailed as exc:
                 values, state = None, str(exc)
             queue.pop(0)
             study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE if values is not None else failed_state)
             done += 1
-            complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-            failed = sum(t.state == failed_state for t in study.trials)
-            best = min((t.values[0] for t in complete), default=float("nan"))
+            passed = feasible(study)
+            failed = _failed(study, passed)
+            best = min((t.values[0] for t in passed), default=float("nan"))
             log(f"[{done}/{trials}] trial {trial.number}: {state[:90]}; best {best:,.1f} µs; "
                 f"{failed} failed; {time.perf_counter() - start:.0f} s")
     except KeyboardInterrupt:
@@ -508,8 +514,7 @@ def final_round(result: TuneResult, study, problem: Problem, evaluator, existing
     drops out."""
     import optuna
 
-    complete = sorted((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE),
-                      key=lambda t: t.values[0])
+    complete = sorted(feasible(study), key=lambda t: t.values[0])
     defaults = default_params(problem)
     candidates: dict[Schedule, tuple[str, dict]] = {}
     for t in complete:
@@ -568,6 +573,37 @@ def _fail(trial, reason: str):
     raise TrialFailed(reason)
 
 
+CONSTRAINT = "constraint"  # user attribute: factor / limit - 1 and orthogonality / limit - 1 (feasible: both <= 0)
+
+
+def _constraints(trial) -> list[float]:
+    """The sampler's constraints of a finished trial (optuna: values <= 0 are satisfied). Trials from before
+    inaccurate ones were kept (recorded as failed, never asked) count as feasible."""
+    return trial.user_attrs.get(CONSTRAINT, [0.0, 0.0])
+
+
+def feasible(study) -> list:
+    """The study's complete trials that passed the gates with the tuning margin."""
+    import optuna
+
+    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+            and "failure" not in t.user_attrs and max(_constraints(t)) <= 0]
+
+
+def _failed(study, passed: list) -> int:
+    """Finished trials that did not pass: failed ones and those that missed the gates."""
+    import optuna
+
+    done = (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE)
+    return sum(t.state in done for t in study.trials) - len(passed)
+
+
+def _front(trials: list) -> list:
+    """The trials no other trial beats on both objectives (time and factor)."""
+    return [t for t in trials if not any(u.values[0] <= t.values[0] and u.values[1] <= t.values[1] and
+                                         u.values != t.values for u in trials)]
+
+
 def _default_evaluator(problem: Problem, target: Target):
     try:
         import cupy
@@ -586,16 +622,17 @@ def _outcome(trial) -> Outcome:
 def _result(study, problem: Problem, storage: str, multi_objective: bool) -> TuneResult:
     import optuna
 
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    failed = sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+    complete = feasible(study)
+    failed = _failed(study, complete)
     if not complete:
         raise RuntimeError(f"no trial of {study.study_name} passed: {failed} failed; see the study in {storage}")
     if multi_objective:
-        front = tuple((dict(t.params), _outcome(t)) for t in study.best_trials)
-        best = min(study.best_trials, key=lambda t: t.values[0])
+        pareto = _front(complete)
+        front = tuple((dict(t.params), _outcome(t)) for t in pareto)
+        best = min(pareto, key=lambda t: t.values[0])
     else:
         front = ()
-        best = study.best_trial
+        best = min(complete, key=lambda t: t.values[0])
     params, outcome = dict(best.params), _outcome(best)
     defaults = default_params(problem)
     default = next((_outcome(t) for t in complete if dict(t.params) == defaults), None)
