@@ -320,9 +320,11 @@ def default_storage() -> str:
 
 def space_digest() -> str:
     """A short digest of the search space's choices: optuna refuses to resume a study whose categorical choices
-    changed, so a study is named after the space it samples (a changed space starts a new study)."""
+    changed, so a study is named after the space it samples (a changed space starts a new study). CONSTRAINT is in
+    it too: studies from before inaccurate trials were kept as infeasible hold them as failures, and their complete
+    trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, CLUSTER_SLOTS_CHOICES, CLUSTERS, LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
-             SPLITS, AGGREGATES, PRECISIONS, PANEL_UPDATES, ALL_FAMILIES]
+             SPLITS, AGGREGATES, PRECISIONS, PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
 
