@@ -433,8 +433,8 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
         trial.set_user_attr("orthogonality", outcome.orthogonality)
         # An inaccurate trial keeps its time, marked infeasible (the sampler learns where the gates fail; a failed
         # trial would teach it nothing), and is never chosen.
-        trial.set_user_attr(CONSTRAINT, [outcome.factor / TUNE_FACTOR_GATE - 1,
-                                         outcome.orthogonality / TUNE_ORTHOGONALITY_GATE - 1])
+        trial.set_user_attr(CONSTRAINT, [_excess(outcome.factor, TUNE_FACTOR_GATE),
+                                         _excess(outcome.orthogonality, TUNE_ORTHOGONALITY_GATE)])
         if not outcome.accurate:
             trial.set_user_attr("failure", f"inaccurate: factor {outcome.factor:.3g} (limit {TUNE_FACTOR_GATE:g}), "
                                            f"orthogonality {outcome.orthogonality:.3g} (limit "
@@ -578,18 +578,24 @@ def _fail(trial, reason: str):
 CONSTRAINT = "constraint"  # user attribute: factor / limit - 1 and orthogonality / limit - 1 (feasible: both <= 0)
 
 
+def _excess(value: float, limit: float) -> float:
+    """How far past its limit a measure is, as optuna's constraints take it (<= 0 satisfied; NaN, which optuna
+    refuses, as infinitely far)."""
+    excess = value / limit - 1
+    return excess if excess == excess else float("inf")
+
+
 def _constraints(trial) -> list[float]:
-    """The sampler's constraints of a finished trial (optuna: values <= 0 are satisfied). Trials from before
-    inaccurate ones were kept (recorded as failed, never asked) count as feasible."""
+    """The sampler's constraints of a finished trial."""
     return trial.user_attrs.get(CONSTRAINT, [0.0, 0.0])
 
 
 def feasible(study) -> list:
-    """The study's complete trials that passed the gates with the tuning margin."""
+    """The study's complete trials that passed the gates with the tuning margin (an inaccurate trial is complete,
+    with the reason it failed)."""
     import optuna
 
-    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
-            and "failure" not in t.user_attrs and max(_constraints(t)) <= 0]
+    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "failure" not in t.user_attrs]
 
 
 def _failed(study, passed: list) -> int:

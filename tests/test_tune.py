@@ -100,6 +100,23 @@ def test_sampler_learns_where_the_gates_fail(tmp_path):
     assert result.outcome.factor < 1 and len(late) >= 20 and misses <= len(late) // 2, (misses, len(late))
 
 
+def test_nan_accuracy_is_an_unmet_constraint(tmp_path):
+    """A schedule whose result is NaN on some family (factor NaN) is infeasible, not a crash: optuna refuses NaN
+    constraint values, so the excess is recorded as infinite."""
+    problem = Problem(64, 64, 2)
+    calls = []
+
+    def evaluator(schedule, params):
+        calls.append(1)
+        return Outcome(40.0 if len(calls) == 1 else 100.0 + len(calls), float("nan") if len(calls) == 1 else 0.1, 0.1)
+
+    result = tune(problem, Target(), 4, evaluator, _storage(tmp_path), log=lambda _: None)
+    study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
+    first = study.trials[0]
+    assert first.state == optuna.trial.TrialState.COMPLETE and first.user_attrs["constraint"][0] == float("inf")
+    assert first not in feasible(study) and result.outcome.time_us > 40.0 and result.failed >= 1
+
+
 def test_rejected_and_crashing_trials_are_recorded(tmp_path):
     problem = Problem(64, 64, 2)
     calls = []
