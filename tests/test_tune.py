@@ -254,6 +254,19 @@ def test_column_loop_is_an_early_trial():
     assert not any(v.get("loop") for v in _variations(problem))
 
 
+def test_neighbouring_aggregate_sizes_are_early_trials():
+    """The default with aggregates of half and twice its size, or of 64 and 128 where it has none (640 x 512²'s
+    better schedule, found by hand in the eleventh session), each with lookahead 2."""
+    aggregates = {problem: [(v["aggregate"], v["lookahead"]) for v in _variations(problem)
+                            if v["aggregate"] != default_params(problem)["aggregate"]]
+                  for problem in (Problem(512, 512, 640), Problem(1024, 1024, 60), Problem(176, 176, 40))}
+    assert default_params(Problem(512, 512, 640))["aggregate"] == 0
+    assert aggregates[Problem(512, 512, 640)] == [(64, 2), (128, 2)]
+    assert default_params(Problem(1024, 1024, 60))["aggregate"] == 128
+    assert aggregates[Problem(1024, 1024, 60)] == [(64, 2), (256, 2)]
+    assert aggregates[Problem(176, 176, 40)] == []  # too few columns for aggregates
+
+
 def test_single_tall_matrices_default_to_clusters():
     """One matrix of 2048 rows or more: rows panels on clusters of 8 blocks where they fit, no aggregates;
     rows beyond a cluster's registers fall back to the multi-block panels."""
