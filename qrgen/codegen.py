@@ -86,6 +86,31 @@ TMAT_THREADS = 1024  # threads per matrix (block products over 4x more threads t
 TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared memory (templates/cuda/tmat.cuh.j2)
 
 
+# The trailing update's products in tf32x3 (templates/cuda/gemm3.cu.j2): tiles, warps and whether the inputs are
+# split once when stored in shared memory, per product; measured on the H200 against cuBLAS fp32 (BENCHMARKS.md,
+# eleventh session: projections 1.1x with 64 x 128 tiles split by each warp, updates 1.25-1.4x with 64 x 64 split
+# when stored). project: W = Z^T C, A = Z^T with K contiguous; update: C -= V W, A = V given as V^T (M contiguous).
+GEMM3 = {
+    "project": dict(bm=64, bn=128, bk=16, threads=128, wm_warps=1, wn_warps=4, presplit=False, a_mcontig=False),
+    "update": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=True, a_mcontig=True),
+}
+
+
+def gemm3_name(kind: str) -> str:
+    return f"qr_gemm3_{kind}"
+
+
+def gemm3_kernel(kind: str) -> KernelSpec:
+    """The tf32x3 product `kind` ("project" or "update"), the same for every schedule."""
+    return KernelSpec(gemm3_name(kind), "gemm3", 0, GEMM3[kind]["threads"], 1, 0, 4, False, 0, 0, ())
+
+
+def render_gemm3(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
+    kind = kernel.name.rsplit("_", 1)[1]
+    template = environment().get_template("cuda/gemm3.cu.j2")
+    return Rendered(kernel.name, template.render(version=__version__, arch=arch, name=kernel.name, **GEMM3[kind]))
+
+
 def tmat_shared_bytes(a: int) -> int:
     """Dynamic shared memory of the T kernel for `a` reflectors: G and T with a's rows rounded up to whole
     32-blocks (G's rows TMAT_BLOCKED_MAX floats, T's a padded by one), X (at most (a - 32) x 32)."""
@@ -179,6 +204,8 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
         kernels.append(tmat_kernel())
     if schedule.scaled:
         kernels.append(scale_kernel())
+    kernels += [gemm3_kernel(kind) for kind in ("project", "update")
+                if getattr(schedule.precision, kind) == "tf32x3"]
     return tuple(kernels), tuple(launches)
 
 
@@ -218,6 +245,8 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
         return render_split(kernel, arch)
     if kernel.variant == "tmat":
         return render_tmat(arch)
+    if kernel.variant == "gemm3":
+        return render_gemm3(kernel, arch)
     if kernel.variant == "scale":
         template = environment().get_template("cuda/scale.cu.j2")
         return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel))

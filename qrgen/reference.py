@@ -1,7 +1,7 @@
 """The blocked algorithm of the generated kernels, in NumPy, following a schedule.
 
 float64: the exact reference (no rounding anywhere). float32: the kernels' arithmetic, with each trailing-update
-stage's inputs rounded as tf32, bf16 or fp16 would round them; tests use it to judge schedules and precision
+stage's inputs rounded as tf32, bf16 or fp16 would round them (or split in three tf32 products, tf32x3); tests use it to judge schedules and precision
 choices without a GPU.
 """
 from __future__ import annotations
@@ -29,6 +29,16 @@ def round_to(x: np.ndarray, precision: str) -> np.ndarray:
         raise ValueError(f"precision must be fp32, tf32, bf16 or fp16; got {precision!r}")
     finite = np.isfinite(x)
     return np.where(finite, out.view(np.float32), x)
+
+
+def product(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:
+    """a @ b with inputs rounded as `precision` says; "tf32x3": a_hi b_hi + a_hi b_lo + a_lo b_hi over tf32 high parts
+    and tf32 remainders (templates/cuda/gemm3.cu.j2; float32 sums, the low parts' product left out)."""
+    if precision != "tf32x3" or a.dtype != np.float32:
+        return np.matmul(round_to(a, precision), round_to(b, precision))
+    a_hi, b_hi = round_to(a, "tf32"), round_to(b, "tf32")
+    a_lo, b_lo = round_to(a - a_hi, "tf32"), round_to(b - b_hi, "tf32")
+    return np.matmul(a_lo, b_hi) + np.matmul(a_hi, b_lo) + np.matmul(a_hi, b_hi)
 
 
 def scale_exponents(h: np.ndarray) -> np.ndarray:
@@ -111,8 +121,8 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
     rnd = (lambda x, p: round_to(x, p)) if low else (lambda x, p: x)
 
     def update(v, z, c, project=prec.project, upd=prec.update):  # C -= V (Z^T C), inputs rounded per stage
-        wmat = np.matmul(rnd(z, project).transpose(0, 2, 1), rnd(c, project))
-        return c - np.matmul(rnd(v, upd), rnd(wmat, upd))
+        wmat = product(np.ascontiguousarray(z.transpose(0, 2, 1)), c, project)
+        return c - product(v, wmat, upd)
 
     # The split kernels compute the panels' own products in fp32 (schedule.panel_update).
     panel_precision = ("fp32", "fp32") if schedule.panel_update == "split" else (prec.project, prec.update)

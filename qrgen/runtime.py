@@ -632,6 +632,8 @@ _P, _I, _L = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
 _SPLIT_PROJECT_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _L, _P, _I, _L, _P, _I, _I, _I)
 _SPLIT_UPDATE_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I)
 _TMAT_PARAMS = (_P, _P, _P, _I, _L, _I)
+# The tf32x3 products (templates/cuda/gemm3.cu.j2): a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta.
+_GEMM3_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I, _I, ctypes.c_float, ctypes.c_float)
 _SCALE_PARAMS = (_P, _P, _P, _I, _I, _I)
 
 
@@ -753,7 +755,7 @@ class _CupyEngine:
         self.src_ptr = None
         self._done(stop)
 
-    def _launch(self, func, grid, threads, shared, types, values):
+    def _launch(self, func, grid, threads, shared, types, values, stream=None):
         """One driver call with the arguments packed as it takes them (one packed set per signature, rewritten
         each launch: the driver copies the values when the launch is queued): a few µs of host time where CuPy's
         generic kernel call takes about 10."""
@@ -763,7 +765,8 @@ class _CupyEngine:
         else:
             for i, v in enumerate(values):
                 args.set(i, v)
-        self.cupy.cuda.driver.launchKernel(func.ptr, *grid, threads, 1, 1, shared, self.stream_ptr, args.address, 0)
+        self.cupy.cuda.driver.launchKernel(func.ptr, *grid, threads, 1, 1, shared,
+                                           self.stream_ptr if stream is None else stream, args.address, 0)
 
     def fork(self):
         if self.lanes is not None:
@@ -784,11 +787,33 @@ class _CupyEngine:
             self._done(stop)
             return
         side = side and self.lanes is not None
+        if precision == "tf32x3":
+            if self._gemm3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
+                self._done(stop)
+                return
+            precision = "fp32"  # operands the gemm3 kernels cannot take (not 16-byte aligned): cuBLAS in fp32
         cublas.gemm(self.device_id, self.lanes.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
                     depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
                     self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side),
                     sm_target=self.side_sms if side else 0)
         self._done(stop)
+
+    def _gemm3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
+        """C = alpha op(A) B + beta C by the tf32x3 kernel for op(A) = A (the projection's layout) or A^T (the
+        update's), where every pointer is 16-byte aligned and every dimension, leading dimension and batch stride a
+        multiple of 4 floats; False (nothing launched) otherwise."""
+        kind = None if trans_b else ("update" if trans_a else "project")
+        ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
+        if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
+                                                                              sb, sc)):
+            return False
+        cfg = codegen.GEMM3[kind]
+        _, func = self.funcs[codegen.gemm3_name(kind)]
+        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb)
+        self._launch(func, grid, cfg["threads"], 0, _GEMM3_PARAMS,
+                     (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta),
+                     self.lanes.side.ptr if side else self.stream_ptr)
+        return True
 
     def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
         ptr = self.ptrs

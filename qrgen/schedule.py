@@ -17,6 +17,10 @@ from .problem import Problem, Target
 VARIANTS = ("warp", "rows", "cols", "lanes")
 LOOP_VARIANTS = ("warp", "rows")  # Panel.loop
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# The trailing update's two products may also take "tf32x3": fp32-class accuracy from three tf32 tensor-core products
+# over each input's tf32 high part and remainder (templates/cuda/gemm3.cu.j2), where the GEMM's operands are
+# 16-byte aligned; elsewhere those products run in fp32 through cuBLAS.
+PRODUCT_PRECISIONS = PRECISIONS + ("tf32x3",)
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
@@ -109,7 +113,8 @@ class Panel:
 class Precision:
     """Precision of the inputs of each trailing-update stage (accumulation is always fp32).
 
-    gram: V^T V inside the panel kernel; project: W = (V T)^T C; update: C -= V W.
+    gram: V^T V inside the panel kernel; project: W = (V T)^T C; update: C -= V W. project and update may also be
+    "tf32x3" (PRODUCT_PRECISIONS).
     """
 
     gram: str = "fp32"
@@ -118,8 +123,14 @@ class Precision:
 
     def __post_init__(self):
         for stage in STAGES:
-            if getattr(self, stage) not in PRECISIONS:
-                raise ValueError(f"Precision.{stage} must be one of {PRECISIONS}, got {getattr(self, stage)!r}")
+            allowed = PRECISIONS if stage == "gram" else PRODUCT_PRECISIONS
+            if getattr(self, stage) not in allowed:
+                raise ValueError(f"Precision.{stage} must be one of {allowed}, got {getattr(self, stage)!r}")
+
+    @property
+    def split3(self) -> bool:
+        """Whether a product runs as three tf32 products (the gemm3 kernels)."""
+        return "tf32x3" in (self.project, self.update)
 
 
 @dataclass(frozen=True)

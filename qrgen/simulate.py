@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import qmatrix
 from .codegen import aggregates, plan
-from .reference import _panel, _tmatrix, round_to, scale, scale_exponents
+from .reference import _panel, _tmatrix, product, round_to, scale, scale_exponents
 from .schedule import Schedule
 
 
@@ -116,9 +116,8 @@ class NumpyEngine:
         mc = self._matrix(c[0], c[1], sc, rows, cols, ldc)
         opa = ma.transpose(0, 2, 1) if trans_a else ma
         opb = mb.transpose(0, 2, 1) if trans_b else mb
-        product = np.matmul(round_to(np.ascontiguousarray(opa), precision),
-                            round_to(np.ascontiguousarray(opb), precision))
-        mc[...] = alpha * product + (beta * mc if beta else 0.0)
+        prod = product(np.ascontiguousarray(opa), np.ascontiguousarray(opb), precision)
+        mc[...] = alpha * prod + (beta * mc if beta else 0.0)
         if via == "split":  # the split kernels' two patterns only (fp32 FMAs, summed in another order)
             assert precision == "fp32" and ((stage, trans_a, alpha, beta) == ("project", False, 1.0, 0.0) or
                                             (stage, trans_a, alpha, beta) == ("update", True, -1.0, 1.0))

@@ -28,7 +28,7 @@ import numpy as np
 from . import __version__
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, SCHEDULE_DIR,
+from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
                        Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
                        lanes_panel, load, save, schedule_path, with_loop)
 
@@ -178,7 +178,7 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["lookahead"] = trial.suggest_categorical("lookahead", LOOKAHEADS)
     params["panel_update"] = trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
-        params[stage] = trial.suggest_categorical(stage, PRECISIONS)
+        params[stage] = trial.suggest_categorical(stage, PRECISIONS if stage == "gram" else PRODUCT_PRECISIONS)
     return params
 
 
@@ -324,7 +324,7 @@ def space_digest() -> str:
     it too: studies from before inaccurate trials were kept as infeasible hold them as failures, and their complete
     trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, CLUSTER_SLOTS_CHOICES, CLUSTERS, LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
-             SPLITS, AGGREGATES, PRECISIONS, PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
+             SPLITS, AGGREGATES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
 

@@ -52,6 +52,24 @@ def test_round_to():
     assert reference.round_to(x, "tf32")[5] == np.inf
 
 
+def test_tf32x3_product_is_fp32_class():
+    """reference.product's three tf32 products (the gemm3 kernels' arithmetic): far closer to the float64 product than
+    tf32's, within a few times fp32's; and a factorization with both products in tf32x3 passes the gate as fp32 does
+    where tf32 alone does not (rows scaled over 1e4, 256 columns)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 64, 512)).astype(np.float32)
+    b = rng.standard_normal((2, 512, 96)).astype(np.float32)
+    exact = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    err = {p: np.abs(reference.product(a, b, p) - exact).max() for p in ("fp32", "tf32", "tf32x3")}
+    assert err["tf32x3"] < err["tf32"] / 50 and err["tf32x3"] < 8 * err["fp32"], err
+    m = stress("rowscaled", 256, 256, 2, seed=4)
+    worst = {}
+    for p in ("fp32", "tf32", "tf32x3"):
+        sched = Schedule(256, 256, (Panel(32, "rows", 64),) * 8, Precision("fp32", p, p), aggregate=128)
+        worst[p] = check(m, *reference.geqrf(m, sched, dtype=np.float32)).worst()[0]
+    assert worst["tf32x3"] < 3 * worst["fp32"] + 0.5 and worst["tf32x3"] < worst["tf32"] / 4, worst
+
+
 def test_lower_precision_costs_accuracy():
     """The reference's rounding is real: tf32 stages give a larger residual than fp32, bf16 larger still."""
     a = stress("random", 96, 96, 4, seed=5)

@@ -9,7 +9,7 @@ import pytest
 
 from qrgen import codegen, compile as qcompile
 from qrgen.problem import Problem
-from qrgen.schedule import Panel, Schedule, default_schedule, load
+from qrgen.schedule import Panel, Precision, Schedule, default_schedule, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,6 +192,27 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
     assert [L.nc for L in launches[:4]] == [96, 64, 32, 0] and all(L.trail for L in launches[:4])
     assert [L.v_row for L in launches[:4]] == [0, 32, 64, 96] and {L.v_ld for L in launches[:4]} == {256}
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
+    for binary in qcompile.compile_many(items, "sm_90"):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+@needs_nvrtc
+def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
+    """A schedule whose products are tf32x3 brings the two gemm3 kernels (only the stages that ask), and they compile
+    for sm_90 without spills."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    panels = tuple(Panel(32, "rows", 64) for _ in range(8))
+    names = {}
+    for project, update in (("fp32", "fp32"), ("tf32x3", "fp32"), ("tf32x3", "tf32x3")):
+        schedule = Schedule(256, 256, panels, Precision("fp32", project, update), aggregate=128)
+        names[update] = [k.name for k in codegen.plan(schedule)[0] if k.variant == "gemm3"]
+        if project == "fp32":
+            assert names[update] == []
+        if update == "fp32" and project == "tf32x3":
+            assert names[update] == ["qr_gemm3_project"]
+    assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update"]
+    items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90") if "gemm3" in r.name]
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in items[0][1]
     for binary in qcompile.compile_many(items, "sm_90"):
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
 

@@ -508,6 +508,35 @@ def test_qr_complete_and_reduced_from_kept_panels(batch, m, n):
     assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
 
 
+@pytest.mark.parametrize("m,n,aggregate,lookahead", [(512, 512, 128, 2), (300, 200, 64, 0), (257, 255, 64, 2)])
+def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
+    """The trailing update's products as three tf32 products (the gemm3 kernels; 257 x 255 is not 16-byte aligned
+    and falls back to cuBLAS in fp32): every stress family passes the gates, close to the fp32 schedule's result."""
+    import dataclasses
+
+    import cupy
+
+    from qrgen import runtime
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Precision
+
+    launched = []  # per tf32x3 product: whether the gemm3 kernel took it
+    gemm3 = runtime._CupyEngine._gemm3
+    monkeypatch.setattr(runtime._CupyEngine, "_gemm3", lambda self, *args: launched.append(gemm3(self, *args)) or
+                        launched[-1])
+    fp32 = _aggregated_schedule(m, n, 32, aggregate, "cublas", lookahead)
+    split3 = dataclasses.replace(fp32, precision=Precision("fp32", "tf32x3", "tf32x3"))
+    fac, ref = Factorizer(m, n, split3, "sm_90"), Factorizer(m, n, fp32, "sm_90")
+    assert any(k.variant == "gemm3" for k in fac.kernels)
+    a, _ = mixed(m, n, 2 * len(FAMILIES), seed=9)
+    h, tau = fac(cupy.asarray(a))
+    report = check(a, h, tau)
+    assert report.ok, str(report)
+    assert launched and all(launched) == (m % 4 == 0 and n % 4 == 0) and any(launched) == all(launched)
+    b = cupy.asarray(stress("random", m, n, 4, seed=2))
+    assert float(cupy.abs(fac(b)[0] - ref(b)[0]).max()) <= 1e-3 * float(cupy.abs(b).max())
+
+
 @pytest.mark.parametrize("m,n,batch,aggregate,lookahead", [(1024, 1024, 3, 128, 0), (1024, 1024, 2, 256, 32)])
 def test_fp16_products_at_every_scale(m, n, batch, aggregate, lookahead):
     """Schedules with fp16 product inputs scale each matrix by a power of two first (Schedule.scaled): a mixed

@@ -43,6 +43,10 @@ def test_panel_fields(kwargs, field):
 def test_precision_field():
     with pytest.raises(ValueError, match="Precision.update"):
         Precision(update="fp8")
+    # the three-product tf32 split is a choice for the two products only: gram is formed inside the panel kernels
+    assert Precision(project="tf32x3", update="tf32x3").split3 and not Precision(project="tf32").split3
+    with pytest.raises(ValueError, match=r"Precision.gram must be one of \('fp32', 'tf32', 'bf16', 'fp16'\)"):
+        Precision(gram="tf32x3")
 
 
 def test_problem_and_target_fields():

@@ -39,6 +39,7 @@ SCHEDULES = [
     _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="split"),
     _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes"),
     _uniform(192, 160, 16, aggregate=64, precision=Precision("fp16", "bf16", "fp16"), panel_update="split"),
+    _uniform(224, 160, 16, aggregate=64, precision=Precision("fp32", "tf32x3", "tf32x3"), lookahead=2),
 ]
 
 
