@@ -91,9 +91,15 @@ TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared
 # eleventh session: projections 1.1x with 64 x 128 tiles split by each warp, updates 1.25-1.4x with 64 x 64 split
 # when stored). project: W = Z^T C, A = Z^T with K contiguous; update: C -= V W, A = V given as V^T (M contiguous).
 GEMM3 = {
-    "project": dict(bm=64, bn=128, bk=16, threads=128, wm_warps=1, wn_warps=4, presplit=False, a_mcontig=False),
-    "update": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=True, a_mcontig=True),
+    "project": dict(bm=64, bn=128, bk=16, threads=128, wm_warps=1, wn_warps=4, presplit=False, a_mcontig=False,
+                    min_blocks=3),
+    "update": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=True, a_mcontig=True,
+                   min_blocks=4),
 }
+
+
+GEMM3_MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
+GEMM3_BLOCKS_PER_SM = 3  # resident blocks of either kernel at least (GEMM3's min_blocks: registers capped)
 
 
 def gemm3_name(kind: str) -> str:

@@ -807,9 +807,14 @@ class _CupyEngine:
         if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
                                                                               sb, sc)):
             return False
+        if min(rows, cols, depth) < codegen.GEMM3_MIN:  # a panel's thin products: cuBLAS splits them better
+            return False
         cfg = codegen.GEMM3[kind]
         _, func = self.funcs[codegen.gemm3_name(kind)]
-        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb)
+        tiles = -(-cols // cfg["bn"]) * -(-rows // cfg["bm"])
+        if side:  # beside the panels: about as many blocks as the SMs the side lane may take hold at once
+            tiles = min(tiles, max(1, self.side_sms * codegen.GEMM3_BLOCKS_PER_SM // self.nb))
+        grid = (tiles, 1, self.nb)
         self._launch(func, grid, cfg["threads"], 0, _GEMM3_PARAMS,
                      (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta),
                      self.lanes.side.ptr if side else self.stream_ptr)

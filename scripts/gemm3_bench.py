@@ -10,11 +10,11 @@ import numpy as np
 from qrgen import codegen, __version__
 from qrgen.compile import compile_source
 
-CONFIGS = {"b64": dict(bm=64, bn=128, bk=16, threads=128, wm_warps=1, wn_warps=4, presplit=False),
-           "b64x64": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=False),
-           "b128x64": dict(bm=128, bn=64, bk=16, threads=256, wm_warps=4, wn_warps=2, presplit=False),
-           "b64 pre": dict(bm=64, bn=128, bk=8, threads=128, wm_warps=1, wn_warps=4, presplit=True),
-           "b64x64 pre": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=True)}
+CONFIGS = {"b64": dict(bm=64, bn=128, bk=16, threads=128, wm_warps=1, wn_warps=4, presplit=False, min_blocks=3),
+           "b64x64": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=False, min_blocks=3),
+           "b128x64": dict(bm=128, bn=64, bk=16, threads=256, wm_warps=4, wn_warps=2, presplit=False, min_blocks=1),
+           "b64 pre": dict(bm=64, bn=128, bk=8, threads=128, wm_warps=1, wn_warps=4, presplit=True, min_blocks=3),
+           "b64x64 pre": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=True, min_blocks=3)}
 
 
 def build(cfg: str, a_mcontig: bool):
@@ -48,7 +48,7 @@ def func(cfg, mc):
 def gemm3(cfg, a, a_mcontig, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, batch, alpha, beta):
     f = func(cfg, a_mcontig)
     bm, bn = CONFIGS[cfg]["bm"], CONFIGS[cfg]["bn"]
-    grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, batch)
+    grid = (((N + bn - 1) // bn) * ((M + bm - 1) // bm), 1, batch)
     f(grid, (CONFIGS[cfg]["threads"],), (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c,
                                          np.int32(ldc), np.int64(sc), np.int32(M), np.int32(N), np.int32(K),
                                          np.float32(alpha), np.float32(beta)))
