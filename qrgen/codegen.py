@@ -86,20 +86,29 @@ TMAT_THREADS = 1024  # threads per matrix (block products over 4x more threads t
 TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared memory (templates/cuda/tmat.cuh.j2)
 
 
-# The trailing update's products in tf32x3 (templates/cuda/gemm3.cu.j2): tiles, warps and whether the inputs are
-# split once when stored in shared memory, per product; measured on the H200 against cuBLAS fp32 (BENCHMARKS.md,
-# eleventh session: projections 1.1x with 64 x 128 tiles split by each warp, updates 1.25-1.4x with 64 x 64 split
-# when stored). project: W = Z^T C, A = Z^T with K contiguous; update: C -= V W, A = V given as V^T (M contiguous).
+# The trailing update's products in tf32x3 (templates/cuda/gemm3.cu.j2, cp.async-pipelined): tiles, warps, K per step,
+# steps in flight and resident blocks per SM, per product; measured on the H200 against cuBLAS fp32 (BENCHMARKS.md,
+# twelfth session: projections 1.5x with 128 x 64 tiles, updates 1.6x with 64 x 64). project: W = Z^T C, A = Z^T
+# with K contiguous; update: C -= V W, A = V given as V^T (M contiguous).
 GEMM3 = {
-    "project": dict(bm=64, bn=128, bk=16, threads=128, wm_warps=1, wn_warps=4, presplit=False, a_mcontig=False,
-                    min_blocks=3),
-    "update": dict(bm=64, bn=64, bk=16, threads=128, wm_warps=2, wn_warps=2, presplit=True, a_mcontig=True,
-                   min_blocks=4),
+    "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False),
+    "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True),
 }
 
 
 GEMM3_MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
-GEMM3_BLOCKS_PER_SM = 3  # resident blocks of either kernel at least (GEMM3's min_blocks: registers capped)
+
+
+def gemm3_threads(kind: str) -> int:
+    return 32 * GEMM3[kind]["wm_warps"] * GEMM3[kind]["wn_warps"]
+
+
+def gemm3_shared_bytes(kind: str) -> int:
+    """Dynamic shared memory of a gemm3 kernel: its stages of A's tile ([k][m] padded by 4, or [m][k] by 8) and
+    B's ([k][n] padded by 4)."""
+    c = GEMM3[kind]
+    a = c["bk"] * (c["bm"] + 4) if c["a_mcontig"] else c["bm"] * (c["bk"] + 8)
+    return 4 * c["stages"] * (a + c["bk"] * (c["bn"] + 4))
 
 
 def gemm3_name(kind: str) -> str:
@@ -108,7 +117,7 @@ def gemm3_name(kind: str) -> str:
 
 def gemm3_kernel(kind: str) -> KernelSpec:
     """The tf32x3 product `kind` ("project" or "update"), the same for every schedule."""
-    return KernelSpec(gemm3_name(kind), "gemm3", 0, GEMM3[kind]["threads"], 1, 0, 4, False, 0, 0, ())
+    return KernelSpec(gemm3_name(kind), "gemm3", 0, gemm3_threads(kind), 1, 0, 4, False, 0, gemm3_shared_bytes(kind), ())
 
 
 def render_gemm3(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:

@@ -24,7 +24,7 @@ SMS = 132
 CLOCK_HZ = 1.7e9
 BANDWIDTH = 3.0e12  # bytes/s a trailing-update GEMM reaches at rank 32
 RATE = {"fp32": 25e12, "tf32": 200e12, "bf16": 350e12, "fp16": 350e12,  # FLOP/s reached, not peak
-        "tf32x3": 32e12}  # the gemm3 kernels: 1.1-1.4x cuBLAS fp32 on the H200 (BENCHMARKS.md, eleventh session)
+        "tf32x3": 40e12}  # the gemm3 kernels: 1.5-1.6x cuBLAS fp32 on the H200 (BENCHMARKS.md, twelfth session)
 HOST_US_PER_LAUNCH = 10.0
 GEMM_FIXED_US = 8.0
 MULTI_BLOCK_US_PER_COLUMN = 10.0

@@ -33,12 +33,19 @@ def round_to(x: np.ndarray, precision: str) -> np.ndarray:
 
 def product(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:
     """a @ b with inputs rounded as `precision` says; "tf32x3": a_hi b_hi + a_hi b_lo + a_lo b_hi over tf32 high parts
-    and tf32 remainders (templates/cuda/gemm3.cu.j2; float32 sums, the low parts' product left out)."""
+    (rounded to nearest) and tf32 remainders (truncated), as templates/cuda/gemm3.cu.j2 splits them; float32 sums,
+    the low parts' product left out."""
     if precision != "tf32x3" or a.dtype != np.float32:
         return np.matmul(round_to(a, precision), round_to(b, precision))
     a_hi, b_hi = round_to(a, "tf32"), round_to(b, "tf32")
-    a_lo, b_lo = round_to(a - a_hi, "tf32"), round_to(b - b_hi, "tf32")
+    a_lo, b_lo = _truncate_tf32(a - a_hi), _truncate_tf32(b - b_hi)
     return np.matmul(a_lo, b_hi) + np.matmul(a_hi, b_lo) + np.matmul(a_hi, b_hi)
+
+
+def _truncate_tf32(x: np.ndarray) -> np.ndarray:
+    """x with its 13 low mantissa bits cleared (NaN and inf as they are)."""
+    out = (np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(x), out, x)
 
 
 def scale_exponents(h: np.ndarray) -> np.ndarray:

@@ -811,11 +811,8 @@ class _CupyEngine:
             return False
         cfg = codegen.GEMM3[kind]
         _, func = self.funcs[codegen.gemm3_name(kind)]
-        tiles = -(-cols // cfg["bn"]) * -(-rows // cfg["bm"])
-        if side:  # beside the panels: about as many blocks as the SMs the side lane may take hold at once
-            tiles = min(tiles, max(1, self.side_sms * codegen.GEMM3_BLOCKS_PER_SM // self.nb))
-        grid = (tiles, 1, self.nb)
-        self._launch(func, grid, cfg["threads"], 0, _GEMM3_PARAMS,
+        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb)
+        self._launch(func, grid, codegen.gemm3_threads(kind), codegen.gemm3_shared_bytes(kind), _GEMM3_PARAMS,
                      (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta),
                      self.lanes.side.ptr if side else self.stream_ptr)
         return True
