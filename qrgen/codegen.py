@@ -99,14 +99,14 @@ GEMM3 = {
 GEMM3_MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
 
 
-def gemm3_threads(kind: str) -> int:
-    return 32 * GEMM3[kind]["wm_warps"] * GEMM3[kind]["wn_warps"]
+def gemm3_threads(c: dict) -> int:
+    """Threads of a gemm3 kernel of configuration `c` (a GEMM3 entry)."""
+    return 32 * c["wm_warps"] * c["wn_warps"]
 
 
-def gemm3_shared_bytes(kind: str) -> int:
-    """Dynamic shared memory of a gemm3 kernel: its stages of A's tile ([k][m] padded by 4, or [m][k] by 8) and
-    B's ([k][n] padded by 4)."""
-    c = GEMM3[kind]
+def gemm3_shared_bytes(c: dict) -> int:
+    """Dynamic shared memory of a gemm3 kernel of configuration `c`: its stages of A's tile ([k][m] padded by 4, or
+    [m][k] by 8) and B's ([k][n] padded by 4)."""
     a = c["bk"] * (c["bm"] + 4) if c["a_mcontig"] else c["bm"] * (c["bk"] + 8)
     return 4 * c["stages"] * (a + c["bk"] * (c["bn"] + 4))
 
@@ -117,7 +117,8 @@ def gemm3_name(kind: str) -> str:
 
 def gemm3_kernel(kind: str) -> KernelSpec:
     """The tf32x3 product `kind` ("project" or "update"), the same for every schedule."""
-    return KernelSpec(gemm3_name(kind), "gemm3", 0, gemm3_threads(kind), 1, 0, 4, False, 0, gemm3_shared_bytes(kind), ())
+    return KernelSpec(gemm3_name(kind), "gemm3", 0, gemm3_threads(GEMM3[kind]), 1, 0, 4, False, 0,
+                      gemm3_shared_bytes(GEMM3[kind]), ())
 
 
 def render_gemm3(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:

@@ -812,7 +812,7 @@ class _CupyEngine:
         cfg = codegen.GEMM3[kind]
         _, func = self.funcs[codegen.gemm3_name(kind)]
         grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb)
-        self._launch(func, grid, codegen.gemm3_threads(kind), codegen.gemm3_shared_bytes(kind), _GEMM3_PARAMS,
+        self._launch(func, grid, codegen.gemm3_threads(cfg), codegen.gemm3_shared_bytes(cfg), _GEMM3_PARAMS,
                      (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta),
                      self.lanes.side.ptr if side else self.stream_ptr)
         return True

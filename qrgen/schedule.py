@@ -443,9 +443,13 @@ def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = 
     """fp32 everywhere, except the aggregates' products (long sums over many columns) in tf32 from TF32_FROM
     columns where the panels' own products stay fp32 (split). Measured on the H200 over a mixed batch of every
     stress family (BENCHMARKS.md, 2026-11-30): worst factor 4.66 at 8 x 2048² and 2.29 at 2 x 4096² (gate 20,
-    tuning margin 10); graph replay 11.07 -> 9.62 ms and 25.8 -> 21.9 ms."""
+    tuning margin 10); graph replay 11.07 -> 9.62 ms and 25.8 -> 21.9 ms. Other aggregates' products in tf32x3
+    (fp32-class: three tf32 products over high parts and remainders): 60 x 1024² graph replay 5,594 -> 4,900 us,
+    640 x 512² 7,858 -> 7,528 (BENCHMARKS.md, twelfth session)."""
     if aggregate and panel_update == "split" and problem.k >= TF32_FROM:
         return Precision(project="tf32", update="tf32")
+    if aggregate:
+        return Precision(project="tf32x3", update="tf32x3")
     return Precision()
 
 
@@ -544,7 +548,7 @@ def default_lookahead(problem: Problem, aggregate: int, precision: Precision) ->
     1 x 40000x256 unchanged (within 1%), so single matrices keep it off."""
     if not aggregate or problem.batch < 2:
         return 0
-    return LOOKAHEAD_PIECES if precision.update == "fp32" else LOOKAHEAD_WHOLE
+    return LOOKAHEAD_PIECES if precision.update in ("fp32", "tf32x3") else LOOKAHEAD_WHOLE
 
 
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:

@@ -166,3 +166,15 @@ def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n,
 
     fac = Factorizer(m, n, default_schedule(Problem(m, n, 4)), "sm_90")
     assert (fac._direct_vec > 0) == direct
+
+
+@pytest.mark.parametrize("m,n,batch,expect", [
+    (1024, 1024, 60, ("tf32x3", 2)),   # aggregates: their products as three tf32 products, lookahead in pieces
+    (1024, 1024, 4, ("tf32x3", 2)),
+    (2048, 2048, 8, ("tf32", 32)),     # from TF32_FROM columns with split panel products: tf32, one piece
+    (512, 512, 640, ("fp32", 0)),      # no aggregates below AGGREGATE_FROM: every product fp32
+])
+def test_default_precision_of_the_aggregates(m, n, batch, expect):
+    s = default_schedule(Problem(m, n, batch))
+    assert (s.precision.update, s.lookahead) == expect
+    assert s.precision.project == expect[0] and s.precision.gram == "fp32"
