@@ -422,8 +422,9 @@ def drive(fac: "Factorizer", engine) -> None:
         engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
                     0.0, ("g", 0), a, sizes.g, prec.gram)
         engine.tmat(agg)
+        # (VT)^T = T^T V^T in fp32, or as three tf32 products where the schedule's update takes them (fp32-class)
         engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, vt_at, rows, vbs,
-                    0.0, zg_at, rows, zg_bs, "fp32")
+                    0.0, zg_at, rows, zg_bs, "tf32x3" if prec.update == "tf32x3" else "fp32")
         if agg.nc == 0:  # a keep plan's last aggregate: merged for Q only
             continue
         if pending:
