@@ -89,10 +89,15 @@ TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared
 # The trailing update's products in tf32x3 (templates/cuda/gemm3.cu.j2, cp.async-pipelined): tiles, warps, K per step,
 # steps in flight and resident blocks per SM, per product; measured on the H200 against cuBLAS fp32 (BENCHMARKS.md,
 # twelfth session: projections 1.5x with 128 x 64 tiles, updates 1.6x with 64 x 64). project: W = Z^T C, A = Z^T
-# with K contiguous; update: C -= V W, A = V given as V^T (M contiguous).
+# with K contiguous; update: C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous); gram: an
+# aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous).
 GEMM3 = {
-    "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False),
-    "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True),
+    "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
+                    b_kcontig=False),
+    "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
+                   b_kcontig=False),
+    "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
+                 b_kcontig=True),
 }
 
 
@@ -106,9 +111,20 @@ def gemm3_threads(c: dict) -> int:
 
 def gemm3_shared_bytes(c: dict) -> int:
     """Dynamic shared memory of a gemm3 kernel of configuration `c`: its stages of A's tile ([k][m] padded by 4, or
-    [m][k] by 8) and B's ([k][n] padded by 4)."""
+    [m][k] by 8) and B's ([k][n] padded by 4, or [n][k] by 8)."""
     a = c["bk"] * (c["bm"] + 4) if c["a_mcontig"] else c["bm"] * (c["bk"] + 8)
-    return 4 * c["stages"] * (a + c["bk"] * (c["bn"] + 4))
+    b = c["bn"] * (c["bk"] + 8) if c["b_kcontig"] else c["bk"] * (c["bn"] + 4)
+    return 4 * c["stages"] * (a + b)
+
+
+def gemm3_kinds(schedule: Schedule) -> tuple[str, ...]:
+    """The gemm3 kernels a schedule's tf32x3 products take: "project" and "update" as its precision says; an update
+    in tf32x3 also takes the aggregates' (VT)^T (the update kernel) and, where their Gram precision is fp32, G
+    (the gram kernel)."""
+    p = schedule.precision
+    return tuple(kind for kind, used in (("project", p.project == "tf32x3"), ("update", p.update == "tf32x3"),
+                                         ("gram", p.update == "tf32x3" and p.gram == "fp32" and schedule.aggregate))
+                 if used)
 
 
 def gemm3_name(kind: str) -> str:
@@ -220,8 +236,7 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
         kernels.append(tmat_kernel())
     if schedule.scaled:
         kernels.append(scale_kernel())
-    kernels += [gemm3_kernel(kind) for kind in ("project", "update")
-                if getattr(schedule.precision, kind) == "tf32x3"]
+    kernels += [gemm3_kernel(kind) for kind in gemm3_kinds(schedule)]
     return tuple(kernels), tuple(launches)
 
 

@@ -419,12 +419,13 @@ def drive(fac: "Factorizer", engine) -> None:
             vt_at, zg_at, zg_bs = ("vt", base), ("zg", base), vbs
         else:
             vt_at, zg_at, zg_bs = (vt, 0), ("zg" + suffix(index), 0), sizes.zg
+        # the merge's products (G = V^T V, (VT)^T = T^T V^T) as three tf32 products where the update takes them
+        merge3 = prec.update == "tf32x3"
         engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
-                    0.0, ("g", 0), a, sizes.g, prec.gram)
+                    0.0, ("g", 0), a, sizes.g, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram)
         engine.tmat(agg)
-        # (VT)^T = T^T V^T in fp32, or as three tf32 products where the schedule's update takes them (fp32-class)
         engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, vt_at, rows, vbs,
-                    0.0, zg_at, rows, zg_bs, "tf32x3" if prec.update == "tf32x3" else "fp32")
+                    0.0, zg_at, rows, zg_bs, "tf32x3" if merge3 else "fp32")
         if agg.nc == 0:  # a keep plan's last aggregate: merged for Q only
             continue
         if pending:
@@ -800,10 +801,10 @@ class _CupyEngine:
         self._done(stop)
 
     def _gemm3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
-        """C = alpha op(A) B + beta C by the tf32x3 kernel for op(A) = A (the projection's layout) or A^T (the
-        update's), where every pointer is 16-byte aligned and every dimension, leading dimension and batch stride a
-        multiple of 4 floats; False (nothing launched) otherwise."""
-        kind = None if trans_b else ("update" if trans_a else "project")
+        """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
+        A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
+        dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise."""
+        kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
         if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
                                                                               sb, sc)):

@@ -16,6 +16,7 @@ from qrgen.compile import compile_source
 # Tiles bm x bn of bk per step, warps wm x wn, steps in flight, resident blocks per SM asked of the compiler.
 CONFIGS = {"project": {k: v for k, v in codegen.GEMM3["project"].items() if k != "a_mcontig"},
            "update": {k: v for k, v in codegen.GEMM3["update"].items() if k != "a_mcontig"},
+           "gram": {k: v for k, v in codegen.GEMM3["gram"].items() if k != "a_mcontig"},
            "128 k32 s3": dict(bm=128, bn=128, bk=32, wm_warps=2, wn_warps=4, stages=3, min_blocks=1),
            "128 k16 s4 x2": dict(bm=128, bn=128, bk=16, wm_warps=2, wn_warps=4, stages=4, min_blocks=2),
            "128x64 k32 s3": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2),
@@ -24,7 +25,7 @@ CONFIGS = {"project": {k: v for k, v in codegen.GEMM3["project"].items() if k !=
 
 
 def config(cfg: str, a_mcontig: bool) -> dict:
-    return {**CONFIGS[cfg], "a_mcontig": a_mcontig}
+    return {"b_kcontig": False, **CONFIGS[cfg], "a_mcontig": a_mcontig}
 
 
 def build(cfg: str, a_mcontig: bool):
@@ -72,28 +73,33 @@ def gemm3(cfg, a, a_mcontig, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, batch, al
                          shared_mem=codegen.gemm3_shared_bytes(c_))
 
 
-# (label, batch, M, K, N, A given M-contiguous): the 60 x 1024², 8 x 2048² and 2 x 4096² aggregates' products.
-SHAPES = [("1024² project", 60, 128, 896, 768, False), ("1024² update", 60, 896, 128, 768, True),
-          ("2048² project", 8, 128, 1920, 1792, False), ("2048² update", 8, 1920, 128, 1792, True),
-          ("4096² update", 2, 3968, 128, 3840, True), ("1024² near update", 60, 896, 128, 128, True)]
+# (label, batch, M, K, N, A given M-contiguous, B given K-contiguous): the 60 x 1024², 8 x 2048² and 2 x 4096²
+# aggregates' products, and a 60 x 1024² aggregate's Gram matrix.
+SHAPES = [("1024² project", 60, 128, 896, 768, False, False), ("1024² update", 60, 896, 128, 768, True, False),
+          ("2048² project", 8, 128, 1920, 1792, False, False), ("2048² update", 8, 1920, 128, 1792, True, False),
+          ("4096² update", 2, 3968, 128, 3840, True, False), ("1024² near update", 60, 896, 128, 128, True, False),
+          ("1024² gram", 60, 128, 896, 128, False, True)]
 rng = np.random.default_rng(0)
-for label, batch, M, K, N, mc in SHAPES:
+for label, batch, M, K, N, mc, kc in SHAPES:
     a_host = rng.standard_normal((batch, K, M) if mc else (batch, M, K), dtype=np.float32)
     b_host = rng.standard_normal((batch, K, N), dtype=np.float32)
+    b_given = np.ascontiguousarray(b_host.transpose(0, 2, 1)) if kc else b_host  # as the kernel reads it
     c_host = rng.standard_normal((batch, M, N), dtype=np.float32)
-    a, b = cupy.asarray(a_host), cupy.asarray(b_host)
+    a, b = cupy.asarray(a_host), cupy.asarray(b_given)
     a_op = a.transpose(0, 2, 1) if mc else a
+    b_op = b.transpose(0, 2, 1) if kc else b
     a64 = (a_host.transpose(0, 2, 1) if mc else a_host)[:3].astype(np.float64)
     ref = c_host[:3].astype(np.float64) - np.matmul(a64, b_host[:3].astype(np.float64))
     flops = 2.0 * batch * M * K * N
     lda = M if mc else K
-    for impl in ("cublas fp32", "cublas tf32", *(f"gemm3 {c}" for c in CONFIGS)):
+    for impl in ("cublas fp32", "cublas tf32", *(f"gemm3 {c}" for c in CONFIGS if config(c, mc)["b_kcontig"] == kc)):
         c = cupy.asarray(c_host)
         if impl.startswith("cublas"):
-            run = lambda: cublas.matmul(a_op, b, subtract_from=c, precision=impl.split()[1])  # noqa: E731
+            run = lambda: cublas.matmul(a_op, b_op, subtract_from=c, precision=impl.split()[1])  # noqa: E731
         else:
             cfg = impl.split(" ", 1)[1]
-            run = lambda: gemm3(cfg, a, mc, lda, M * K, b, N, K * N, c, N, M * N, M, N, K, batch, -1.0, 1.0)  # noqa: E731
+            run = lambda: gemm3(cfg, a, mc, lda, M * K, b, K if kc else N, K * N, c, N, M * N, M, N, K, batch, -1.0,  # noqa: E731
+                                1.0)
         run()
         cupy.cuda.runtime.deviceSynchronize()
         err = np.abs(cupy.asnumpy(c[:3]) - ref).max() / (np.abs(ref).max() * np.finfo(np.float32).eps)

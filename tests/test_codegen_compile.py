@@ -198,8 +198,8 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
 
 @needs_nvrtc
 def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
-    """A schedule whose products are tf32x3 brings the two gemm3 kernels (only the stages that ask), and they compile
-    for sm_90 without spills."""
+    """A schedule whose products are tf32x3 brings the gemm3 kernels (only the stages that ask; an update in tf32x3
+    also brings the aggregates' Gram kernel), and they compile for sm_90 without spills."""
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
     panels = tuple(Panel(32, "rows", 64) for _ in range(8))
     names = {}
@@ -210,7 +210,7 @@ def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
             assert names[update] == []
         if update == "fp32" and project == "tf32x3":
             assert names[update] == ["qr_gemm3_project"]
-    assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update"]
+    assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update", "qr_gemm3_gram"]
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90") if "gemm3" in r.name]
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in items[0][1]
     for binary in qcompile.compile_many(items, "sm_90"):
