@@ -118,12 +118,15 @@ def gemm3_shared_bytes(c: dict) -> int:
 
 
 def gemm3_kinds(schedule: Schedule) -> tuple[str, ...]:
-    """The gemm3 kernels a schedule's tf32x3 products take: "project" and "update" as its precision says; an update
-    in tf32x3 also takes the aggregates' (VT)^T (the update kernel) and, where their Gram precision is fp32, G
-    (the gram kernel)."""
-    p = schedule.precision
-    return tuple(kind for kind, used in (("project", p.project == "tf32x3"), ("update", p.update == "tf32x3"),
-                                         ("gram", p.update == "tf32x3" and p.gram == "fp32" and schedule.aggregate))
+    """The gemm3 kernels a schedule's tf32x3 products can take: "project" and "update" as its precision says, where
+    some product is at least GEMM3_MIN in every dimension (an aggregate with columns right of it, or a panel that
+    wide); an update in tf32x3 also takes the aggregates' merges ((VT)^T by the update kernel, and G by the gram
+    kernel where their Gram precision is fp32), which qr's keep plans run for the last aggregate too."""
+    p, aggs = schedule.precision, aggregates(schedule)
+    trailing = any(a.nc > 0 for a in aggs) or any(panel.width >= GEMM3_MIN for panel in schedule.panels)
+    return tuple(kind for kind, used in (("project", p.project == "tf32x3" and trailing),
+                                         ("update", p.update == "tf32x3" and (trailing or bool(aggs))),
+                                         ("gram", p.update == "tf32x3" and p.gram == "fp32" and bool(aggs)))
                  if used)
 
 

@@ -211,6 +211,9 @@ def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
         if update == "fp32" and project == "tf32x3":
             assert names[update] == ["qr_gemm3_project"]
     assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update", "qr_gemm3_gram"]
+    # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
+    one = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
+    assert [k.name for k in codegen.plan(one)[0] if k.variant == "gemm3"] == ["qr_gemm3_update", "qr_gemm3_gram"]
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90") if "gemm3" in r.name]
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in items[0][1]
     for binary in qcompile.compile_many(items, "sm_90"):
