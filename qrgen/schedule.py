@@ -113,8 +113,9 @@ class Panel:
 class Precision:
     """Precision of the inputs of each trailing-update stage (accumulation is always fp32).
 
-    gram: V^T V inside the panel kernel; project: W = (V T)^T C; update: C -= V W. project and update may also be
-    "tf32x3" (PRODUCT_PRECISIONS).
+    gram: V^T V inside the panel kernel (and an aggregate's G); project: W = (V T)^T C; update: C -= V W. project
+    and update may also be "tf32x3" (PRODUCT_PRECISIONS); an update in tf32x3 also runs the aggregates' merge
+    products in it ((VT)^T, and G where gram is fp32).
     """
 
     gram: str = "fp32"
