@@ -130,6 +130,18 @@ def gemm3_kinds(schedule: Schedule) -> tuple[str, ...]:
                  if used)
 
 
+def without_idle_tf32x3(schedule: Schedule) -> Schedule:
+    """The schedule with fp32 for a tf32x3 stage that none of its products can take (gemm3_kinds): the same launches
+    (such products run in fp32 through cuBLAS either way), written as what they are, so that the tuner measures such
+    points once."""
+    p, kinds = schedule.precision, gemm3_kinds(schedule)
+    project = "fp32" if p.project == "tf32x3" and "project" not in kinds else p.project
+    update = "fp32" if p.update == "tf32x3" and "update" not in kinds else p.update
+    if (project, update) == (p.project, p.update):
+        return schedule
+    return dataclasses.replace(schedule, precision=dataclasses.replace(p, project=project, update=update))
+
+
 def gemm3_name(kind: str) -> str:
     return f"qr_gemm3_{kind}"
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from .codegen import without_idle_tf32x3
 from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
@@ -147,8 +148,9 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         panels.append(with_loop(panel, params.get("loop", False)))
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
-    return Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
-                    params.get("panel_update", "cublas"), params.get("lookahead", 0) if aggregate else 0)
+    lookahead = params.get("lookahead", 0) if aggregate else 0
+    return without_idle_tf32x3(Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
+                                        params.get("panel_update", "cublas"), lookahead))
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:

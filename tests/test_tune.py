@@ -378,3 +378,14 @@ def test_final_round_keeps_a_faster_schedule_file(tmp_path, existing_faster):
     assert result.kept == existing_faster
     assert (path.read_text() == before) == existing_faster
     assert any(line.startswith("kept ") for line in lines) == existing_faster
+
+
+def test_tf32x3_that_no_product_takes_is_written_as_fp32():
+    """A point whose tf32x3 stages no product can take (no aggregate with columns right of it, no panel 64 wide)
+    is the fp32 schedule, so the tuner measures it once; with trailing aggregates tf32x3 stays."""
+    params = {**default_params(Problem(176, 176, 40)), "project": "tf32x3", "update": "tf32x3"}
+    for aggregate in (0, 256):
+        s = schedule_from_params(Problem(176, 176, 40), {**params, "aggregate": aggregate})
+        assert (s.precision.project, s.precision.update) == ("fp32", "tf32x3" if aggregate else "fp32")
+    s = schedule_from_params(Problem(1024, 1024, 60), {**params, "aggregate": 128})
+    assert (s.precision.project, s.precision.update) == ("tf32x3", "tf32x3")
