@@ -147,7 +147,7 @@ def gemm3_name(kind: str) -> str:
 
 
 def gemm3_kernel(kind: str) -> KernelSpec:
-    """The tf32x3 product `kind` ("project" or "update"), the same for every schedule."""
+    """The tf32x3 kernel `kind` ("project", "update" or "gram"), the same for every schedule."""
     return KernelSpec(gemm3_name(kind), "gemm3", 0, gemm3_threads(GEMM3[kind]), 1, 0, 4, False, 0,
                       gemm3_shared_bytes(GEMM3[kind]), ())
 

@@ -24,7 +24,8 @@ KEEP_MAX_FLOATS = 1 << 23
 def keeps_q(schedule, launches: int, q_floats: int) -> bool:
     """Whether qr forms Q from a keep plan of `schedule` (runtime.drive_q) rather than from h and tau by
     qrgen.qmatrix. Only where every kept T comes from an fp32-class Gram matrix (Precision.gram fp32: the
-    aggregates' G then fp32 or tf32x3), since Q's orthogonality is T's accuracy; then for aggregates, for one panel, or for a Q of up to KEEP_MAX_FLOATS floats."""
+    aggregates' G then fp32 or tf32x3), since Q's orthogonality is T's accuracy; then for aggregates, for one
+    panel, or for a Q of up to KEEP_MAX_FLOATS floats."""
     exact = schedule.precision.gram == "fp32" or (
         not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
     return exact and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)

@@ -1,8 +1,8 @@
 """The blocked algorithm of the generated kernels, in NumPy, following a schedule.
 
 float64: the exact reference (no rounding anywhere). float32: the kernels' arithmetic, with each trailing-update
-stage's inputs rounded as tf32, bf16 or fp16 would round them (or split in three tf32 products, tf32x3); tests use it to judge schedules and precision
-choices without a GPU.
+stage's inputs rounded as tf32, bf16 or fp16 would round them (or split in three tf32 products, tf32x3); tests
+use it to judge schedules and precision choices without a GPU.
 """
 from __future__ import annotations
 

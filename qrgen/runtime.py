@@ -793,7 +793,7 @@ class _CupyEngine:
             if self._gemm3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
                 self._done(stop)
                 return
-            precision = "fp32"  # operands the gemm3 kernels cannot take (not 16-byte aligned): cuBLAS in fp32
+            precision = "fp32"  # products the gemm3 kernels do not take (thin or not 16-byte aligned): cuBLAS fp32
         cublas.gemm(self.device_id, self.lanes.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
                     depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
                     self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side),

@@ -128,11 +128,6 @@ class Precision:
             if getattr(self, stage) not in allowed:
                 raise ValueError(f"Precision.{stage} must be one of {allowed}, got {getattr(self, stage)!r}")
 
-    @property
-    def split3(self) -> bool:
-        """Whether a product runs as three tf32 products (the gemm3 kernels)."""
-        return "tf32x3" in (self.project, self.update)
-
 
 @dataclass(frozen=True)
 class PanelResources:

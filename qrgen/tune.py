@@ -29,7 +29,8 @@ from . import __version__
 from .codegen import without_idle_tf32x3
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
+from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS,
+                       PRODUCT_PRECISIONS, SCHEDULE_DIR,
                        Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
                        lanes_panel, load, save, schedule_path, with_loop)
 
