@@ -60,6 +60,8 @@ class Launch:
     v_ld: int  # rows of that buffer (its leading dimension)
     v_bs: int  # floats per matrix in that buffer
     cluster: bool = False  # blocks > 1 as one cluster: no flags, no cooperative launch
+    levels: tuple[tuple[int, int], ...] = ()  # a tsqr panel's tree (tsqr_levels): one launch per phase
+    tile: int = 0  # a tsqr panel's rows per tile
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,75 @@ def _vec(*values: int) -> int:
     return 1
 
 
+def tsqr_levels(rows: int, width: int, tile: int) -> tuple[tuple[int, int], ...]:
+    """The tree of a "tsqr" panel: per level, (its rows, its tiles of `tile` rows); level 0 is the panel, each next
+    level the stacked width x width R factors of the last one's tiles, up to the root (one tile)."""
+    levels = [(rows, -(-rows // tile))]
+    while levels[-1][1] > 1:
+        r = levels[-1][1] * width
+        levels.append((r, -(-r // tile)))
+    return tuple(levels)
+
+
+@dataclass(frozen=True)
+class TsqrLayout:
+    """Where a tsqr panel's kernel keeps its tree in the work buffer "ts", in floats from a matrix's start (each
+    a multiple of 4): the stacks S_l of levels l >= 1 (stack[l - 1]; the last one is the root's R), each level's
+    tau and T, and level 0's first tile's top rows."""
+
+    stack: tuple[int, ...]
+    tau: tuple[int, ...]
+    t: tuple[int, ...]
+    v1: int
+    floats: int
+
+
+def tsqr_layout(levels: tuple[tuple[int, int], ...], width: int) -> TsqrLayout:
+    at = 0
+
+    def take(floats):
+        nonlocal at
+        start, at = at, at + -(-floats // 4) * 4
+        return start
+
+    stack = tuple(take(tiles * width * width) for _, tiles in levels)
+    tau = tuple(take(tiles * width) for _, tiles in levels)
+    t = tuple(take(tiles * width * width) for _, tiles in levels)
+    v1 = take(width * width)
+    return TsqrLayout(stack, tau, t, v1, at)
+
+
+@dataclass(frozen=True)
+class TsqrPhase:
+    """One launch of a tsqr panel's kernel (its arguments after the pointers; offsets in floats within "ts")."""
+
+    kind: int  # 0 factor level 0 (src into h), 1 factor a stack, 2 expand a stack, 3 the final phase
+    rows: int  # rows of the level
+    tiles: int  # blocks per matrix
+    at: int  # the level's stack (kinds 1 and 2)
+    out: int  # the next stack (kinds 0 and 1: the tiles' R), the root's R (kind 3)
+    tau: int
+    t: int
+    y: int  # the parent's Q (kinds 2 and 3), -1: the identity (the root)
+    v1: int
+
+
+def tsqr_phases(levels: tuple[tuple[int, int], ...], width: int) -> tuple[TsqrPhase, ...]:
+    """The launches of a tsqr panel: each level factored bottom-up, the levels above 0 expanded top-down (the
+    root's Y the identity; a level's Q replaces its stack, where its children's Y come from), then the final phase
+    over level 0's tiles."""
+    lay = tsqr_layout(levels, width)
+    top = len(levels) - 1
+
+    def phase(kind, lv, at=0, out=0, y=-1):
+        return TsqrPhase(kind, levels[lv][0], levels[lv][1], at, out, lay.tau[lv], lay.t[lv], y, lay.v1)
+
+    return (tuple(phase(0 if lv == 0 else 1, lv, lay.stack[lv - 1] if lv else 0, lay.stack[lv])
+                  for lv in range(top + 1))
+            + tuple(phase(2, lv, lay.stack[lv - 1], y=lay.stack[lv] if lv < top else -1) for lv in range(top, 0, -1))
+            + (phase(3, 0, out=lay.stack[top], y=lay.stack[0] if top else -1),))
+
+
 def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
     """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel."""
     if not schedule.aggregate:
@@ -227,10 +298,15 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
             slots = math.ceil(rows / 32)
             vec = _vec(schedule.n, c0, panel.width, panel.slice)
             shared = cols_shared_bytes(panel.width, slots, trail)
+        elif panel.variant == "tsqr":
+            slots = panel.tile // panel.threads
+            vec = _vec(schedule.n, c0, panel.width)
+            shared = 0
         else:
             slots = math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
             vec = _vec(schedule.n, c0, panel.width)
             shared = 0
+        levels = tsqr_levels(rows, panel.width, panel.tile) if panel.variant == "tsqr" else ()
         key = (panel.variant, panel.width, panel.threads, panel.blocks, slots, vec, trail, panel.slice, shared,
                panel.cluster, panel.loop)
         keys.setdefault(key, []).append(c0)
@@ -238,7 +314,8 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
         barriers = 0 if panel.cluster else panel.width + (1 if panel.width >= 2 and trail else 0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
                                blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=shared, nc=nc,
-                               v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster))
+                               v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster, levels=levels,
+                               tile=panel.tile))
     kernels = [KernelSpec(_name(key), *key[:-2], columns=tuple(cols), cluster=key[-2], loop=key[-1])
                for key, cols in keys.items()]
     fused = None if keep else fused_q_kernel(kernels, launches)
@@ -277,6 +354,8 @@ def cols_shared_bytes(width: int, slots: int, trail: bool) -> int:
 def _name(key: tuple) -> str:
     variant, width, threads, blocks, slots, vec, trail, slice_, _, cluster, loop = key
     suffix = ("_trail" if trail else "") + ("_loop" if loop else "")
+    if variant == "tsqr":
+        return f"qr_tsqr_w{width}_t{threads}_s{slots}_v{vec}{suffix}"
     if variant == "cols":
         return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{suffix}"
     if variant == "lanes":

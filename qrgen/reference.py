@@ -96,6 +96,57 @@ def _panel(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tau, v
 
 
+def tsqr_panel(p: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """The "tsqr" panel (templates/cuda/tsqr.cuh.j2) on a batch of panels p (batch, rows, width), in place, as the
+    kernels do it; returns (tau, V) like _panel. A tree of Householder QRs over tiles of `tile` rows (level 0 the
+    panel's rows, each next level the stacked R factors of the last), Q's first `width` columns from the tree
+    (each tile's compact WY form applied to its block of its parent's Q), then Householder reflectors rebuilt from
+    that Q by an LU factorization with signs, Q - [S; 0] = V U (Ballard et al., "Reconstructing Householder vectors
+    from tall-skinny QR", 2014): V is unit lower trapezoidal, T = -U S V1^-T, tau = diag(T), R = S R_tree."""
+    from .codegen import tsqr_levels
+
+    batch, rows, w = p.shape
+    dt = p.dtype
+    levels = tsqr_levels(rows, w, tile)
+    x = p
+    facs = []  # per level: (V of its tiles (batch, tiles, tile, w), T of its tiles (batch, tiles, w, w))
+    for lrows, tiles in levels:
+        pad = np.zeros((batch, tiles * tile, w), dtype=dt)
+        pad[:, :lrows] = x
+        t4 = pad.reshape(batch * tiles, tile, w)
+        tau, v = _panel(t4)
+        tm = _tmatrix(np.matmul(v.transpose(0, 2, 1), v), tau)
+        facs.append((v.reshape(batch, tiles, tile, w), tm.reshape(batch, tiles, w, w)))
+        x = np.triu(t4[:, :w]).reshape(batch, tiles * w, w)  # the stacked R factors: the next level's rows
+    r_tree = x  # (batch, w, w): the root's R
+    y = np.broadcast_to(np.eye(w, dtype=dt), (batch, 1, w, w))  # the root's parent block: I
+    for depth, ((v, tm), (lrows, tiles)) in enumerate(zip(reversed(facs), reversed(levels))):
+        # each tile's Q block: [Y; 0] - V T V1^T Y, with Y its block of its parent's Q
+        q = -np.matmul(v, np.matmul(tm, np.matmul(v[:, :, :w].transpose(0, 1, 3, 2), y)))
+        q[:, :, :w] += y
+        q = q.reshape(batch, tiles * tile, w)[:, :lrows]
+        if depth < len(levels) - 1:  # the children's blocks (a level above 0 has a multiple of w rows)
+            y = q.reshape(batch, -1, w, w)
+    qfull = q
+    # LU with signs of Q - [S; 0] (no pivoting: every pivot has magnitude at least 1)
+    lu = qfull[:, :w].copy()
+    s = np.zeros((batch, w), dtype=dt)
+    for k in range(w):
+        d = lu[:, k, k]
+        s[:, k] = np.where(d >= 0, -1, 1)
+        lu[:, k, k] = d - s[:, k]
+        lu[:, k + 1:, k] /= lu[:, k, k][:, None]
+        lu[:, k + 1:, k + 1:] -= lu[:, k + 1:, k][:, :, None] * lu[:, k, k + 1:][:, None, :]
+    u = np.triu(lu)
+    v1 = np.tril(lu, -1) + np.eye(w, dtype=dt)
+    tail = np.linalg.solve(u.transpose(0, 2, 1), qfull[:, w:].transpose(0, 2, 1)).transpose(0, 2, 1)  # Q2 U^-1
+    tau = (-np.diagonal(u, axis1=1, axis2=2) * s).astype(dt)
+    p[:, :w] = np.triu(s[:, :, None] * r_tree) + np.tril(lu, -1)
+    p[:, w:] = tail
+    v = np.concatenate([v1, tail], axis=1)
+    return tau, v
+
+
 def _tmatrix(gram, tau, xp=np):
     """T with H_0 ... H_{w-1} = I - V T V^T from G = V^T V and tau (LAPACK slarft, forward, columnwise); NumPy
     arrays, or those of the array module xp (CuPy, for the float64 check on the GPU)."""
@@ -146,7 +197,7 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
     for index, L in enumerate(launches):
         c0, w = L.c0, L.width
         p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
-        t, v = _panel(p)
+        t, v = tsqr_panel(p, L.tile) if L.levels else _panel(p)
         h[:, c0:, c0:c0 + w] = p
         tau[:, c0:c0 + w] = t
         if L.nc > 0:

@@ -306,6 +306,7 @@ class Sizes:
     g: int  # G and T of an aggregate
     zg: int  # (V T)^T of an aggregate
     wq: int = 1  # W of Q's products (keep plans)
+    ts: int = 1  # a tsqr panel's tree (codegen.tsqr_layout)
 
     def floats(self, name: str) -> int:
         """Floats per matrix of a buffer of buffer_names (a lookahead's second buffers as their first)."""
@@ -322,7 +323,8 @@ class Sizes:
                    wq=max([b.width * (fac.m - b.c0) for b in fac.kept] + [1]),
                    w=max([L.width * L.nc for L in fac.launches] + [(a.a1 - a.a0) * a.nc for a in aggs] + [1]),
                    g=max([(a.a1 - a.a0) ** 2 for a in aggs] + [1]),
-                   zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [kept if fac.aggregates else 0] + [1]))
+                   zg=max([(a.a1 - a.a0) * a.rows for a in aggs] + [kept if fac.aggregates else 0] + [1]),
+                   ts=max([codegen.tsqr_layout(L.levels, L.width).floats for L in fac.launches if L.levels] + [1]))
 
 
 def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
@@ -333,7 +335,7 @@ def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
     ahead = fac.schedule.lookahead
     # (a keep plan's aggregates have regions of their own, so it needs no second V^T and (V T)^T)
     return (names + (("vt2", "zg2") if ahead and not fac.keep else ()) + (("w2",) if ahead else ())
-            + (("wq",) if fac.keep else ()))
+            + (("wq",) if fac.keep else ()) + (("ts",) if any(L.levels for L in fac.launches) else ()))
 
 
 def side_pieces(c0: int, c1: int, rows: int, batch: int, sms: int, waves: int) -> list[tuple[int, int]]:
@@ -634,6 +636,8 @@ _P, _I, _L = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
 _SPLIT_PROJECT_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _L, _P, _I, _L, _P, _I, _I, _I)
 _SPLIT_UPDATE_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I)
 _TMAT_PARAMS = (_P, _P, _P, _I, _L, _I)
+# src, h, tau, vt, zt, ts, its stride; kind, rows, at, out, tau_at, t_at, y, v1 (offsets in ts), c0, vld; vbs
+_TSQR_PARAMS = (_P,) * 6 + (_L,) + (_I,) * 10 + (_L,)
 # The tf32x3 products (templates/cuda/gemm3.cu.j2): a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta.
 _GEMM3_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I, _I, ctypes.c_float, ctypes.c_float)
 _SCALE_PARAMS = (_P, _P, _P, _I, _I, _I)
@@ -706,6 +710,10 @@ class _CupyEngine:
         _, func = self.funcs[L.kernel]
         src = self.src_ptr if (index == 0 and self.src_ptr is not None) else self.h_ptr
         stop = self._mark("panel", L)
+        if L.levels:
+            self._tsqr(func, L, src, v, z)
+            self._done(stop)
+            return
         args = self.ws.panel_args.get(index)
         if args is None:  # the same for every call on this workspace but src, h and tau
             ws = self.ws
@@ -728,6 +736,15 @@ class _CupyEngine:
             driver.launchKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
                                 self.stream_ptr, args.address, 0)
         self._done(stop)
+
+    def _tsqr(self, func, L, src, v, z):
+        """A tsqr panel: one launch per phase of codegen.tsqr_phases, every tile of every matrix a block."""
+        ws = self.ws
+        for ph in codegen.tsqr_phases(L.levels, L.width):
+            self._launch(func, (ph.tiles, self.nb, 1), L.threads, 0, _TSQR_PARAMS,
+                         (src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
+                          ws.ptrs["ts"], self.strides["ts"], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y,
+                          ph.v1, L.c0, L.v_ld, L.v_bs))
 
     def tmat(self, agg):
         from .codegen import TMAT_KERNEL

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .problem import Problem, Target
 
-VARIANTS = ("warp", "rows", "cols", "lanes")
-LOOP_VARIANTS = ("warp", "rows")  # Panel.loop
+VARIANTS = ("warp", "rows", "cols", "lanes", "tsqr")
+LOOP_VARIANTS = ("warp", "rows", "tsqr")  # Panel.loop
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # The trailing update's two products may also take "tf32x3": fp32-class accuracy from three tf32 tensor-core products
 # over each input's tf32 high part and remainder (templates/cuda/gemm3.cu.j2), where the GEMM's operands are
@@ -34,7 +34,8 @@ REGS_PER_SM = 65536
 MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
 # Registers beside the register tile (addresses, loop state, scalars), per variant; from ptxas reports on sm_90
 # (rows: 108 used where the tile is 32; cols: 80 where the model gives 70 without overhead) and checked in tests.
-REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32, "lanes": 24}
+REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32, "lanes": 24, "tsqr": 60}
+TSQR_SLOTS = 8  # the most rows per thread of a tsqr panel's tiles
 
 MAX_AGGREGATE = 256  # the T kernel runs one thread per column, in one block (codegen.TMAT_THREADS)
 
@@ -55,7 +56,10 @@ class Panel:
     variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
                     ranges (threads a multiple of 32); the loop over columns is not unrolled. With cluster=True
                     (2 to 8 blocks) the blocks of one cluster share the rows.
-    loop (warp and rows): the loop over columns is not unrolled either (registers rotate by one column per step:
+    variant "tsqr": for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
+                    `threads`, at least twice the width), each on one block as "rows" factors a panel, then Q's
+                    columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh.j2).
+    loop (warp, rows, tsqr): the loop over columns is not unrolled either (registers rotate by one column per step:
                     small code at about 1.6x the arithmetic; pays where several blocks share an SM's instruction
                     cache, measured on the H200 at 640 x 512²).
     """
@@ -67,6 +71,7 @@ class Panel:
     slice: int = 0
     cluster: bool = False
     loop: bool = False
+    tile: int = 0
 
     def __post_init__(self):
         if not isinstance(self.width, int) or self.width < 1:
@@ -83,7 +88,20 @@ class Panel:
             raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
         if not isinstance(self.blocks, int) or self.blocks < 1:
             raise ValueError(f"Panel.blocks must be a positive integer, got {self.blocks!r}")
-        if self.variant in ("warp", "rows", "lanes") and self.width > 32:
+        if self.variant == "tsqr":
+            if self.blocks != 1:
+                raise ValueError("Panel variant 'tsqr' takes blocks=1 (its tiles are its blocks)")
+            if self.threads < self.width:
+                raise ValueError(f"Panel variant 'tsqr' needs threads >= width; got {self.threads} threads for "
+                                 f"width {self.width}")
+            if (not isinstance(self.tile, int) or self.tile < 2 * self.width or self.tile % self.threads
+                    or self.tile // self.threads > TSQR_SLOTS):
+                raise ValueError(f"Panel.tile (rows per tile of variant 'tsqr') must be a multiple of threads "
+                                 f"({self.threads}), at least twice the width ({2 * self.width}) and at most "
+                                 f"{TSQR_SLOTS} x threads; got {self.tile!r}")
+        elif self.tile != 0:
+            raise ValueError(f"Panel.tile applies to variant 'tsqr' only; got tile={self.tile} for {self.variant!r}")
+        if self.variant in ("warp", "rows", "lanes", "tsqr") and self.width > 32:
             raise ValueError(f"Panel.width must be at most 32 for variant {self.variant!r}, got {self.width}")
         if self.variant == "warp" and (self.threads != 32 or self.blocks != 1):
             raise ValueError("Panel variant 'warp' takes threads=32 and blocks=1")
@@ -216,6 +234,9 @@ class Schedule:
         elif panel.variant == "lanes":
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width
                         + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
+        elif panel.variant == "tsqr":  # tsqr.cuh.j2's Shared: the rows panel's, five NB x PITCH blocks, 2 NB
+            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96
+                        + 5 * panel.width * ((panel.width + 3) // 4 * 4 + 4) + 2 * panel.width)
         else:
             cluster_words = 64 * (panel.blocks + 1) + 4 if panel.cluster else 0  # receive buffers, mbarriers
             # panel_rows.cuh.j2's Shared: red, tot and piv by parity, G and T (rows padded), tau, the cluster's xs
@@ -232,7 +253,7 @@ class Schedule:
     def panel_gram(self, index: int) -> str:
         """Input precision of panel `index`'s own G = V^T V: lanes panels form G exactly (fp32) from the dots
         they compute anyway; the others round as precision.gram says (which also applies to the aggregates)."""
-        return "fp32" if self.panels[index].variant == "lanes" else self.precision.gram
+        return "fp32" if self.panels[index].variant in ("lanes", "tsqr") else self.precision.gram
 
     def to_json(self) -> dict:
         data = {"m": self.m, "n": self.n,
@@ -261,14 +282,15 @@ class Schedule:
     def describe(self) -> str:
         groups: list[list] = []
         for p in self.panels:
-            key = (p.width, p.variant, p.threads, p.blocks, p.slice, p.cluster, p.loop)
+            key = (p.width, p.variant, p.threads, p.blocks, p.slice, p.cluster, p.loop, p.tile)
             if groups and groups[-1][0] == key:
                 groups[-1][1] += 1
             else:
                 groups.append([key, 1])
         parts = []
-        for (w, v, t, b, s, c, loop), count in groups:
+        for (w, v, t, b, s, c, loop, tile), count in groups:
             extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else "")
+            extra += f", tiles of {tile} rows" if v == "tsqr" else ""
             extra += ", column loop" if loop else ""
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
         prec = self.precision
@@ -286,6 +308,8 @@ def _panel_json(p: Panel) -> dict:
         data.pop("cluster")
     if not p.loop:
         data.pop("loop")
+    if p.variant != "tsqr":
+        data.pop("tile")
     return data
 
 
@@ -422,6 +446,9 @@ def _registers(panel: Panel, rows: int) -> tuple[int, int, int]:
     if panel.variant == "cols":
         slots = math.ceil(rows / 32)
         return slots, slots * (panel.slice + 1) + panel.slice + REG_OVERHEAD["cols"], cap
+    if panel.variant == "tsqr":  # the tile in registers, and a row of V and of Q beside it (products, final)
+        slots = panel.tile // panel.threads
+        return slots, slots * panel.width + 3 * panel.width + REG_OVERHEAD["tsqr"], cap
     if panel.variant == "lanes":
         slots = math.ceil(rows / (panel.blocks * panel.threads // 32))
         # the column's entries, the broadcast column j (the product (V T)^T: a third array)

@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import qmatrix
 from .codegen import aggregates, plan
-from .reference import _panel, _tmatrix, product, round_to, scale, scale_exponents
+from .reference import _panel, _tmatrix, product, round_to, scale, scale_exponents, tsqr_panel
 from .schedule import Schedule
 
 
@@ -66,7 +66,7 @@ class NumpyEngine:
         m, n = self.fac.m, self.fac.n
         h = self.buffers["h"].reshape(self.nb, m, n)
         p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
-        t, vv = _panel(p)
+        t, vv = tsqr_panel(p, L.tile) if L.levels else _panel(p)
         h[:, L.c0:, L.c0:L.c0 + L.width] = p
         self.tau[:, L.c0:L.c0 + L.width] = t
         if L.trail:

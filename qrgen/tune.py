@@ -1,8 +1,8 @@
 """Schedule search with optuna: the fastest schedule of a shape whose results pass the gates with margin.
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
-kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; cols with its
-column slice; rows and lanes panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their
+kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; tsqr with its threads
+and rows per tile; cols with its column slice; rows and lanes panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their
 column loop unrolled or not), the aggregate size, how the panels' own products run (cuBLAS or the split kernels)
 and the input precision of each trailing-update stage. Points the resource model rejects never compile. The
 objective is the median time measured on the GPU (CUDA-graph replays), or
@@ -55,8 +55,16 @@ AGGREGATES = (0, 64, 128, 256)
 LOOKAHEADS = (0, 2, 32)  # Schedule.lookahead (waves per side piece; 0 off), with aggregates
 # Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
 # shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
-FAMILIES = ("rows", "lanes")
-ALL_FAMILIES = ("rows", "cols", "lanes")
+FAMILIES = ("rows", "lanes", "tsqr")
+ALL_FAMILIES = ("rows", "cols", "lanes", "tsqr")
+# tsqr panels (trees of tiles, for tall panels of few matrices) where a panel has at least two tiles of rows; the
+# other panels as the default heuristic's. Warm start: 16 columns on 256 threads, tiles of 512 rows, column loop
+# (the best of the variants measured on the H200 at 1 x 100000x32 and 1 x 40000x256, BENCHMARKS.md, 13th session).
+TSQR_WIDTHS = (8, 16, 32)
+TSQR_THREADS = (64, 128, 256)
+TSQR_TILES = (256, 512, 1024)
+TSQR_WARM = {"tsqr_head": 16, "tsqr_threads": 256, "tsqr_tile": 512, "loop": True}
+TSQR_WARM_ROWS = 4096  # matrices of at least this many rows and at most CLUSTER_TRIALS_MAX_BATCH of them
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
 DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster": 0, "aggregate": 0,
@@ -140,6 +148,10 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
             blocks = params.get("lanes_cluster", 0) or 1
             panel = (lanes_panel(rows, width, params["lane_slots"], blocks)
                      or (cluster_panel(rows, width, blocks) if blocks > 1 else None) or default_panel(rows, remaining))
+        elif family == "tsqr":
+            width, tile = min(params[f"tsqr_{phase}"], remaining), params["tsqr_tile"]
+            panel = (Panel(width, "tsqr", params["tsqr_threads"], tile=tile) if rows >= 2 * tile
+                     else default_panel(rows, remaining))
         elif family == "cols":
             width = min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
@@ -163,6 +175,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
             params[f"rows_{phase}"] = trial.suggest_categorical(f"rows_{phase}", ROWS_WIDTHS)
         elif params["family"] == "lanes":
             params[f"lanes_{phase}"] = trial.suggest_categorical(f"lanes_{phase}", LANES_WIDTHS)
+        elif params["family"] == "tsqr":
+            params[f"tsqr_{phase}"] = trial.suggest_categorical(f"tsqr_{phase}", TSQR_WIDTHS)
         else:
             params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
     if params["family"] == "cols":
@@ -171,7 +185,10 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["cluster"] = trial.suggest_categorical("cluster", CLUSTERS)
         if params["cluster"]:
             params["cluster_slots"] = trial.suggest_categorical("cluster_slots", CLUSTER_SLOTS_CHOICES)
-    if params["family"] in ("rows", "lanes"):  # lanes: its rows panels where lanes do not fit
+    if params["family"] == "tsqr":
+        params["tsqr_threads"] = trial.suggest_categorical("tsqr_threads", TSQR_THREADS)
+        params["tsqr_tile"] = trial.suggest_categorical("tsqr_tile", TSQR_TILES)
+    if params["family"] in ("rows", "lanes", "tsqr"):  # lanes: its rows panels where lanes do not fit
         params["loop"] = trial.suggest_categorical("loop", LOOPS)
     if params["family"] == "lanes":
         params["lane_slots"] = trial.suggest_categorical("lane_slots", LANES_SLOTS)
@@ -326,7 +343,8 @@ def space_digest() -> str:
     changed, so a study is named after the space it samples (a changed space starts a new study). CONSTRAINT is in
     it too: studies from before inaccurate trials were kept as infeasible hold them as failures, and their complete
     trials carry no constraint values (the sampler would rank them below every new one)."""
-    space = [ROWS_WIDTHS, LANES_WIDTHS, CLUSTER_SLOTS_CHOICES, CLUSTERS, LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
+    space = [ROWS_WIDTHS, LANES_WIDTHS, TSQR_WIDTHS, TSQR_THREADS, TSQR_TILES, CLUSTER_SLOTS_CHOICES, CLUSTERS,
+             LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
              SPLITS, AGGREGATES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
@@ -358,6 +376,8 @@ def _variations(problem: Problem) -> list[dict]:
         lanes = {key: rows[key] for key in ("split", *shared)}
         found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8, "loop": False}
                   for slots in (16, 32)]
+        if problem.m >= TSQR_WARM_ROWS:
+            found.append({**lanes, "family": "tsqr", **TSQR_WARM})
     if params.get("lanes_cluster"):  # the default's clusters (single matrices): the default without them
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):

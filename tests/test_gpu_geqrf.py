@@ -588,3 +588,29 @@ def test_committed_fp16_schedules_far_from_unit_scale(batch):
     for factor in (1e4, 1e-6):
         result = _geqrf_checked((a * factor).astype(np.float32), fac)
         assert result.ok, (factor, result)
+
+
+@pytest.mark.parametrize("m,n,batch,panels,aggregate", [
+    (3000, 48, 1, ((16, 64, 256, False),) * 3, 0),
+    (5000, 96, 2, ((32, 128, 256, False),) * 3, 64),
+    (20000, 40, 1, ((16, 256, 512, True),) * 2 + ((8, 256, 512, True),), 0),
+    (700, 100, 3, ((32, 64, 128, True),) * 3 + ((4, 64, 128, False),), 0),
+    (256, 300, 2, ((32, 64, 128, False),) * 8, 128),
+], ids=["3000x48", "5000x96-aggregates", "20000x40-loop", "700x100", "256x300-wide"])
+def test_tsqr_panels_every_family(m, n, batch, panels, aggregate):
+    """tsqr panels (a tree of QRs over row tiles, reflectors rebuilt from Q): one to three levels, with and without
+    the columns right of them, aggregates, column loops, a tree of one tile, wide matrices."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Panel, Schedule
+
+    schedule = Schedule(m, n, tuple(Panel(w, "tsqr", t, tile=tile, loop=loop) for w, t, tile, loop in panels),
+                        aggregate=aggregate)
+    fac = Factorizer(m, n, schedule, "sm_90")
+    for family in FAMILIES:
+        a = stress(family, m, n, batch, seed=m + n)
+        h, tau = fac(cupy.asarray(a))
+        assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
+    a, _ = mixed(m, n, max(batch, 4), seed=2)
+    assert check(a, *fac(cupy.asarray(a))).ok

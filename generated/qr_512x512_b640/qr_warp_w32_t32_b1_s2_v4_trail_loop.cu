@@ -466,24 +466,8 @@ struct RowsPanel {
     }
   }
 
-  __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
-                                      float* __restrict__ vt, float* __restrict__ zt) {
-    // src is h itself, or for a one-panel schedule the caller's input, so no copy precedes the kernel.
-    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0;
-    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0;
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = row0 + s * THREADS;
-#pragma unroll
-      for (int k = 0; k < NB; k += VEC) {
-        if (r < mp) {
-          load_vec<VEC>(&x[s][k], sb + (size_t)r * N + k);
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) x[s][k + e] = 0.0f;
-        }
-      }
-    }
+  // The panel's reflectors from the rows in x (in place), tau in sm.tau and, with TRAIL, T in sm.tmat.
+  __device__ __forceinline__ void factor() {
     if constexpr (BLOCKS > 1 && CLUSTER) {
       cluster_exchange_init(sm.bar, t);
     }
@@ -517,7 +501,27 @@ struct RowsPanel {
       }
       sync();
     }
+  }
 
+  __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
+                                      float* __restrict__ vt, float* __restrict__ zt) {
+    // src is h itself, or for a one-panel schedule the caller's input, so no copy precedes the kernel.
+    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0;
+    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int r = row0 + s * THREADS;
+#pragma unroll
+      for (int k = 0; k < NB; k += VEC) {
+        if (r < mp) {
+          load_vec<VEC>(&x[s][k], sb + (size_t)r * N + k);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x[s][k + e] = 0.0f;
+        }
+      }
+    }
+    factor();
     if (g == 0 && t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
