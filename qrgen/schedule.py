@@ -540,8 +540,35 @@ class DefaultChoices:
     lookahead: int  # Schedule.lookahead
 
 
+# tsqr panels (TSQR_PANEL, where a panel has two tiles of rows or more) for up to TSQR_MAX_BATCH matrices of
+# TSQR_FROM rows or more and at least TSQR_ASPECT rows a column, with aggregates of TSQR_AGGREGATE from twice that
+# many columns. Measured on the H200 against
+# the multi-block rows panels the heuristic gives there (BENCHMARKS.md, thirteenth session; graph replay): 1 x
+# 100000x32 386 -> 290 us, 1 x 40000x256 2,952 -> 2,082 (aggregates of 64; none 2,357 at 128 threads); at 8,192 rows
+# and below they were slower (1 x 8192x512 1,618 -> 2,779 against rows clusters).
+TSQR_FROM = 32768
+TSQR_ASPECT = 64
+TSQR_MAX_BATCH = 4
+TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": True}
+TSQR_AGGREGATE = 64
+
+
+def default_tsqr(problem: Problem) -> bool:
+    """Whether the heuristic gives `problem` tsqr panels."""
+    return problem.batch <= TSQR_MAX_BATCH and problem.m >= max(TSQR_FROM, TSQR_ASPECT * problem.n)
+
+
+def tsqr_panel(rows: int, remaining: int, width: int = TSQR_PANEL["width"], threads: int = TSQR_PANEL["threads"],
+               tile: int = TSQR_PANEL["tile"]) -> Panel | None:
+    """A tsqr panel of at most `width` of the `remaining` columns, or None where `rows` are under two tiles."""
+    return Panel(min(width, remaining), "tsqr", threads, tile=tile) if rows >= 2 * tile else None
+
+
 def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
     """clustered=False: the heuristic as it would be without clusters for single matrices."""
+    if default_tsqr(problem):
+        aggregate = TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0
+        return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
     cluster = default_cluster(problem) if clustered else 0
     aggregate = 0 if cluster else default_aggregate(problem)
     update = default_panel_update(problem, aggregate)
@@ -583,7 +610,8 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
     while col < problem.k:
         end = problem.k if not aggregate else min(problem.k, (col // aggregate + 1) * aggregate)
         rows = problem.m - col
-        panel = cluster_lanes_panel(rows, min(32, end - col), cluster) if cluster else None
+        panel = tsqr_panel(rows, end - col) if default_tsqr(problem) else None
+        panel = panel or (cluster_lanes_panel(rows, min(32, end - col), cluster) if cluster else None)
         panel = panel or (lanes_panel(rows, min(32, end - col), "auto") if lanes else None)
         panel = panel or default_panel(rows, end - col)
         panels.append(with_loop(panel, choices.loop))

@@ -2,8 +2,9 @@
 
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; tsqr with its threads
-and rows per tile; cols with its column slice; rows and lanes panels on one block or on a cluster of 2 to 8 blocks; warp and rows panels with their
-column loop unrolled or not), the aggregate size, how the panels' own products run (cuBLAS or the split kernels)
+and rows per tile; cols with its column slice; rows and lanes panels on one block or on a cluster of 2 to 8 blocks;
+warp, rows and tsqr panels with their column loop unrolled or not), the aggregate size, how the panels' own products
+run (cuBLAS or the split kernels)
 and the input precision of each trailing-update stage. Points the resource model rejects never compile. The
 objective is the median time measured on the GPU (CUDA-graph replays), or
 without a GPU the cost model's estimate; the constraint is that a batch of
@@ -31,8 +32,8 @@ from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS,
                        PRODUCT_PRECISIONS, SCHEDULE_DIR,
-                       Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
-                       lanes_panel, load, save, schedule_path, with_loop)
+                       TSQR_PANEL, Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
+                       default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -63,7 +64,8 @@ ALL_FAMILIES = ("rows", "cols", "lanes", "tsqr")
 TSQR_WIDTHS = (8, 16, 32)
 TSQR_THREADS = (64, 128, 256)
 TSQR_TILES = (256, 512, 1024)
-TSQR_WARM = {"tsqr_head": 16, "tsqr_threads": 256, "tsqr_tile": 512, "loop": True}
+TSQR_WARM = {"tsqr_head": TSQR_PANEL["width"], "tsqr_threads": TSQR_PANEL["threads"], "tsqr_tile": TSQR_PANEL["tile"],
+             "loop": TSQR_PANEL["loop"]}
 TSQR_WARM_ROWS = 4096  # matrices of at least this many rows and at most CLUSTER_TRIALS_MAX_BATCH of them
 TUNE_FACTOR_GATE = 10.0
 TUNE_ORTHOGONALITY_GATE = 50.0
@@ -78,7 +80,11 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
-    if c.cluster:  # lanes panels on clusters where they fit, rows panels on clusters elsewhere (cluster_lanes_panel)
+    if default_tsqr(problem):
+        params.update(family="tsqr", tsqr_head=TSQR_PANEL["width"], tsqr_threads=TSQR_PANEL["threads"],
+                      tsqr_tile=TSQR_PANEL["tile"])
+        del params["rows_head"], params["cluster"]
+    elif c.cluster:  # lanes panels on clusters where they fit, rows panels on clusters elsewhere (cluster_lanes_panel)
         params.update(family="lanes", lanes_head=32, lane_slots=CLUSTER_LANE_SLOTS, lanes_cluster=c.cluster)
         del params["rows_head"], params["cluster"]
     elif problem.batch <= LANES_MAX_BATCH:
@@ -149,9 +155,8 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
             panel = (lanes_panel(rows, width, params["lane_slots"], blocks)
                      or (cluster_panel(rows, width, blocks) if blocks > 1 else None) or default_panel(rows, remaining))
         elif family == "tsqr":
-            width, tile = min(params[f"tsqr_{phase}"], remaining), params["tsqr_tile"]
-            panel = (Panel(width, "tsqr", params["tsqr_threads"], tile=tile) if rows >= 2 * tile
-                     else default_panel(rows, remaining))
+            panel = (tsqr_panel(rows, remaining, params[f"tsqr_{phase}"], params["tsqr_threads"], params["tsqr_tile"])
+                     or default_panel(rows, remaining))
         elif family == "cols":
             width = min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])

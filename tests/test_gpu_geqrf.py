@@ -614,3 +614,28 @@ def test_tsqr_panels_every_family(m, n, batch, panels, aggregate):
         assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
     a, _ = mixed(m, n, max(batch, 4), seed=2)
     assert check(a, *fac(cupy.asarray(a))).ok
+
+
+def test_tsqr_default_and_qr_on_tsqr_schedules():
+    """The heuristic's tsqr panels for a tall matrix without a schedule file, and qrgen.qr (its Q from the kept
+    panels) and lstsq on the committed tsqr schedule of 100000 x 32."""
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    from qrgen.runtime import factorizer_for
+
+    assert {p.variant for p in factorizer_for(40000, 64, 2, "sm_90").schedule.panels} == {"tsqr"}
+    assert {p.variant for p in factorizer_for(100000, 32, 1, "sm_90").schedule.panels} == {"tsqr"}
+    for family in FAMILIES:
+        a = stress(family, 40000, 64, 2, seed=4)
+        assert _geqrf_checked(a).ok, family
+        a = stress(family, 100000, 32, 1, seed=5)
+        q, r = qrgen.qr(cupy.asarray(a))
+        factor, orth = _q_gates(a, q.get(), r.get())
+        assert (factor <= 20).all() and (orth <= 100).all(), (family, factor.max(), orth.max())
+    a = stress("random", 100000, 32, 1, seed=6)
+    b = np.random.default_rng(1).standard_normal((1, 100000)).astype(np.float32)
+    x, _ = qrgen.lstsq(cupy.asarray(a), cupy.asarray(b))
+    xn = np.linalg.lstsq(a[0].astype(np.float64), b[0].astype(np.float64), rcond=None)[0]
+    assert np.abs(x.get()[0] - xn).max() <= 1e-3 * max(1.0, np.abs(xn).max())

@@ -43,11 +43,13 @@ def test_tree_geometry_and_layout():
                      + [(s, tiles * 32) for s, (_, tiles) in zip(lay.tau, levels)]
                      + [(s, tiles * 32 * 32) for s, (_, tiles) in zip(lay.t, levels)] + [(lay.v1, 32 * 32)])
     assert all(start % 4 == 0 for start, _ in regions)
-    assert all(a + n <= b for (a, n), (b, _) in zip(regions, regions[1:])) and regions[-1][0] + regions[-1][1] <= lay.floats
+    assert all(a + n <= b for (a, n), (b, _) in zip(regions, regions[1:]))
+    assert regions[-1][0] + regions[-1][1] <= lay.floats
     phases = codegen.tsqr_phases(levels, 32)
     assert [(p.kind, p.rows) for p in phases] == [(0, 100000), (1, 6272), (1, 416), (2, 416), (2, 6272), (3, 100000)]
     assert phases[3].y == -1 and phases[4].y == lay.stack[1] and phases[5].y == lay.stack[0]  # root: the identity
-    assert phases[-1].out == lay.stack[-1]  # the root's R
+    assert phases[-1].out == lay.stack[-1] and phases[2].out == lay.stack[2]  # the root's R
+    assert phases[1].at == lay.stack[0] and phases[1].out == lay.stack[1] and phases[4].at == lay.stack[0]
     single = codegen.tsqr_phases(((300, 1),), 32)
     assert [p.kind for p in single] == [0, 3] and single[-1].y == -1
 

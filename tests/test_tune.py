@@ -16,7 +16,7 @@ def _storage(tmp_path):
 
 
 @pytest.mark.parametrize("m,n", [(32, 32), (100, 60), (60, 100), (1024, 1024), (4096, 4096), (2048, 2048), (8192, 512),
-                                 (100000, 32)])
+                                 (100000, 32), (40000, 256), (33000, 100)])
 @pytest.mark.parametrize("batch", [1, 3, 8, 640])
 def test_default_params_give_the_default_schedule(m, n, batch):
     problem = Problem(m, n, batch)
@@ -269,12 +269,22 @@ def test_neighbouring_aggregate_sizes_are_early_trials():
 
 def test_single_tall_matrices_default_to_clusters():
     """One matrix of 2048 rows or more: rows panels on clusters of 8 blocks where they fit, no aggregates;
-    rows beyond a cluster's registers fall back to the multi-block panels."""
+    rows beyond a cluster's registers fall back to the multi-block panels; from TSQR_FROM rows and TSQR_ASPECT
+    rows a column (up to TSQR_MAX_BATCH matrices), tsqr panels where a panel has two tiles of rows."""
+    from qrgen.schedule import TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH
+
     schedule = default_schedule(Problem(8192, 512, 1))
     assert all(p.cluster and p.blocks == 8 for p in schedule.panels) and schedule.aggregate == 0
-    schedule = default_schedule(Problem(100000, 32, 1))
+    schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 1))
     assert not any(p.cluster for p in schedule.panels) and schedule.panels[0].blocks > 1
     assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 2)).panels)
+    for batch in (1, TSQR_MAX_BATCH):
+        schedule = default_schedule(Problem(100000, 32, batch))
+        assert [(p.variant, p.width, p.loop) for p in schedule.panels] == [("tsqr", 16, True)] * 2
+    assert default_schedule(Problem(100000, 32, TSQR_MAX_BATCH + 1)).panels[0].variant != "tsqr"
+    schedule = default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT, 1))
+    assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.aggregate == 64
+    assert default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
     assert not any(p.cluster for p in default_schedule(Problem(1000, 1000, 1)).panels)
 
 
