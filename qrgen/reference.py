@@ -106,45 +106,77 @@ def tsqr_panel(p: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
     from .codegen import tsqr_levels
 
     batch, rows, w = p.shape
-    dt = p.dtype
     levels = tsqr_levels(rows, w, tile)
     x = p
     facs = []  # per level: (V of its tiles (batch, tiles, tile, w), T of its tiles (batch, tiles, w, w))
     for lrows, tiles in levels:
-        pad = np.zeros((batch, tiles * tile, w), dtype=dt)
-        pad[:, :lrows] = x
-        t4 = pad.reshape(batch * tiles, tile, w)
-        tau, v = _panel(t4)
-        tm = _tmatrix(np.matmul(v.transpose(0, 2, 1), v), tau)
-        facs.append((v.reshape(batch, tiles, tile, w), tm.reshape(batch, tiles, w, w)))
-        x = np.triu(t4[:, :w]).reshape(batch, tiles * w, w)  # the stacked R factors: the next level's rows
+        t4 = tsqr_tiles(x, lrows, tiles, tile)
+        tau, v, tm = tsqr_factor_tiles(t4)
+        facs.append((v, tm))
+        x = np.triu(t4[:, :, :w]).reshape(batch, tiles * w, w)  # the stacked R factors: the next level's rows
     r_tree = x  # (batch, w, w): the root's R
-    y = np.broadcast_to(np.eye(w, dtype=dt), (batch, 1, w, w))  # the root's parent block: I
+    y = np.broadcast_to(np.eye(w, dtype=p.dtype), (batch, 1, w, w))  # the root's parent block: I
     for depth, ((v, tm), (lrows, tiles)) in enumerate(zip(reversed(facs), reversed(levels))):
-        # each tile's Q block: [Y; 0] - V T V1^T Y, with Y its block of its parent's Q
-        q = -np.matmul(v, np.matmul(tm, np.matmul(v[:, :, :w].transpose(0, 1, 3, 2), y)))
-        q[:, :, :w] += y
-        q = q.reshape(batch, tiles * tile, w)[:, :lrows]
+        q = tsqr_expand(v, tm, y).reshape(batch, tiles * tile, w)[:, :lrows]
         if depth < len(levels) - 1:  # the children's blocks (a level above 0 has a multiple of w rows)
             y = q.reshape(batch, -1, w, w)
-    qfull = q
-    # LU with signs of Q - [S; 0] (no pivoting: every pivot has magnitude at least 1)
-    lu = qfull[:, :w].copy()
-    s = np.zeros((batch, w), dtype=dt)
+    u, s = tsqr_lu(q[:, :w])
+    tau, v, h, _ = tsqr_reflectors(q, u, s, r_tree)
+    p[...] = h
+    return tau, v
+
+
+def tsqr_tiles(x: np.ndarray, rows: int, tiles: int, tile: int) -> np.ndarray:
+    """The first `rows` rows of x (batch, >= rows, w) as (batch, tiles, tile, w), zeros past them (a copy)."""
+    batch, _, w = x.shape
+    pad = np.zeros((batch, tiles * tile, w), dtype=x.dtype)
+    pad[:, :rows] = x[:, :rows]
+    return pad.reshape(batch, tiles, tile, w)
+
+
+def tsqr_factor_tiles(t4: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Householder QR of every tile of t4 (batch, tiles, tile, w), in place; (tau, V, T) per tile."""
+    batch, tiles, tile, w = t4.shape
+    flat = t4.reshape(batch * tiles, tile, w)
+    tau, v = _panel(flat)
+    tm = _tmatrix(np.matmul(v.transpose(0, 2, 1), v), tau)
+    return (tau.reshape(batch, tiles, w), v.reshape(batch, tiles, tile, w), tm.reshape(batch, tiles, w, w))
+
+
+def tsqr_expand(v: np.ndarray, tm: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each tile's Q block, [Y; 0] - V T V1^T Y (V unit lower trapezoidal (..., tile, w), T and Y (..., w, w))."""
+    w = v.shape[-1]
+    q = -np.matmul(v, np.matmul(tm, np.matmul(np.swapaxes(v[..., :w, :], -1, -2), y)))
+    q[..., :w, :] += y
+    return q
+
+
+def tsqr_lu(qtop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """LU with signs of Q's top block, Q1 - S = L U without pivoting (every pivot has magnitude at least 1):
+    (L below the diagonal and U on and above it in one array, the signs S)."""
+    lu = qtop.copy()
+    batch, w, _ = lu.shape
+    s = np.zeros((batch, w), dtype=lu.dtype)
     for k in range(w):
         d = lu[:, k, k]
         s[:, k] = np.where(d >= 0, -1, 1)
         lu[:, k, k] = d - s[:, k]
         lu[:, k + 1:, k] /= lu[:, k, k][:, None]
         lu[:, k + 1:, k + 1:] -= lu[:, k + 1:, k][:, :, None] * lu[:, k, k + 1:][:, None, :]
+    return lu, s
+
+
+def tsqr_reflectors(q, lu, s, r_root):
+    """From the panel's Q (batch, rows, w), the LU with signs of its top block and the tree's R: tau, V (unit lower
+    trapezoidal), h's panel (R = S R_root on and above the diagonal, V below) and T = -U S V1^-T."""
+    batch, rows, w = q.shape
     u = np.triu(lu)
-    v1 = np.tril(lu, -1) + np.eye(w, dtype=dt)
-    tail = np.linalg.solve(u.transpose(0, 2, 1), qfull[:, w:].transpose(0, 2, 1)).transpose(0, 2, 1)  # Q2 U^-1
-    tau = (-np.diagonal(u, axis1=1, axis2=2) * s).astype(dt)
-    p[:, :w] = np.triu(s[:, :, None] * r_tree) + np.tril(lu, -1)
-    p[:, w:] = tail
-    v = np.concatenate([v1, tail], axis=1)
-    return tau, v
+    v1 = np.tril(lu, -1) + np.eye(w, dtype=q.dtype)
+    tail = np.linalg.solve(u.transpose(0, 2, 1), q[:, w:].transpose(0, 2, 1)).transpose(0, 2, 1)  # Q2 U^-1
+    tau = (-np.diagonal(u, axis1=1, axis2=2) * s).astype(q.dtype)
+    h = np.concatenate([np.triu(s[:, :, None] * r_root) + np.tril(lu, -1), tail], axis=1)
+    tm = -np.linalg.solve(v1, (u * s[:, None, :]).transpose(0, 2, 1)).transpose(0, 2, 1)  # T V1^T = -U S
+    return tau, np.concatenate([v1, tail], axis=1), h, tm
 
 
 def _tmatrix(gram, tau, xp=np):

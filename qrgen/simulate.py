@@ -15,8 +15,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import qmatrix
-from .codegen import aggregates, plan
-from .reference import _panel, _tmatrix, product, round_to, scale, scale_exponents, tsqr_panel
+from .codegen import aggregates, plan, tsqr_phases
+from .reference import (_panel, _tmatrix, product, round_to, scale, scale_exponents, tsqr_expand, tsqr_factor_tiles,
+                        tsqr_lu, tsqr_reflectors, tsqr_tiles)
 from .schedule import Schedule
 
 
@@ -65,17 +66,66 @@ class NumpyEngine:
     def panel(self, index, L, epoch, v, z):
         m, n = self.fac.m, self.fac.n
         h = self.buffers["h"].reshape(self.nb, m, n)
-        p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
-        t, vv = tsqr_panel(p, L.tile) if L.levels else _panel(p)
-        h[:, L.c0:, L.c0:L.c0 + L.width] = p
-        self.tau[:, L.c0:L.c0 + L.width] = t
-        if L.trail:
+        if L.levels:
+            t, vv, tm = self._tsqr(L, h[:, L.c0:, L.c0:L.c0 + L.width])
+        else:
+            p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
+            t, vv = _panel(p)
+            h[:, L.c0:, L.c0:L.c0 + L.width] = p
             vr = round_to(vv, self.fac.schedule.panel_gram(index))
             tm = _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t)
+        self.tau[:, L.c0:L.c0 + L.width] = t
+        if L.trail:
             self._matrix(v[0], v[1], L.v_bs, L.width, L.rows, L.v_ld)[...] = vv.transpose(0, 2, 1)
             zt = np.matmul(vv, tm).transpose(0, 2, 1)
             self._matrix(z[0], z[1], L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
         self.log.append(("panel", index, epoch))
+
+    def _tsqr(self, L, panel):
+        """A tsqr panel phase by phase (codegen.tsqr_phases) through the work buffer "ts" at the offsets the kernel
+        gets, each phase reading only what earlier phases wrote there (the buffer starts as NaN); returns tau, V
+        and the panel's T."""
+        w, tile, nb = L.width, L.tile, self.nb
+        ts = self.buffers["ts"]
+
+        def region(offset, rows, cols=w):  # (nb, rows, cols) at a float offset of each matrix's "ts"
+            return ts[:, offset:offset + rows * cols].reshape(nb, rows, cols)
+
+        def parent(ph):  # the tiles' Y: the identity at the root
+            if ph.y < 0:
+                return np.broadcast_to(np.eye(w, dtype=np.float32), (nb, ph.tiles, w, w))
+            return region(ph.y, ph.tiles * w).reshape(nb, ph.tiles, w, w)
+
+        def unit_lower(t4):  # V as a factorization left it in place (R on and above the diagonal)
+            v = np.tril(t4, -1)
+            v[..., :w, :] += np.eye(w, dtype=np.float32)
+            return v
+
+        for ph in tsqr_phases(L.levels, w):
+            rows, tiles = ph.rows, ph.tiles
+            io = panel if ph.kind in (0, 3) else region(ph.at, rows)
+            t4 = tsqr_tiles(io, rows, tiles, tile)
+            tm = region(ph.t, tiles * w).reshape(nb, tiles, w, w)
+            if ph.kind in (0, 1):
+                tau, _, tm[...] = tsqr_factor_tiles(t4)
+                tm[...] = np.triu(tm)
+                region(ph.tau, tiles, w)[...] = tau
+                region(ph.out, tiles * w)[...] = np.triu(t4[:, :, :w]).reshape(nb, tiles * w, w)
+                if ph.kind == 0:
+                    region(ph.v1, w)[...] = t4[:, 0, :w]
+                io[...] = t4.reshape(nb, tiles * tile, w)[:, :rows]
+                continue
+            q = tsqr_expand(unit_lower(t4), tm, parent(ph)).reshape(nb, tiles * tile, w)[:, :rows]
+            if ph.kind == 2:
+                io[...] = q
+                continue
+            # the final phase: Q's top block again from level 0's first tile (V1, T, Y0), as every block does
+            y0 = parent(ph)[:, 0]
+            qtop = tsqr_expand(unit_lower(region(ph.v1, w)), region(ph.t, w), y0)
+            lu, s = tsqr_lu(qtop)
+            tau, v, hp, tpanel = tsqr_reflectors(q, lu, s, region(ph.out, w))
+            panel[...] = hp
+        return tau, v, tpanel
 
     def tmat(self, agg):
         a = agg.a1 - agg.a0

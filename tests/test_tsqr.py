@@ -32,6 +32,11 @@ def test_tsqr_panel_is_householder_qr_in_exact_arithmetic():
     tau, _ = reference.tsqr_panel(p, 64)
     tau_h, _ = reference._panel(q)
     assert np.allclose(p, q, atol=1e-10) and np.allclose(tau, tau_h, atol=1e-12)
+    # T = -U S V1^-T, as the final phase forms it, is slarft's T of the rebuilt reflectors
+    q_thin = -np.linalg.qr(a)[0]  # any orthonormal basis: the LU's signs adapt to it
+    lu, s = reference.tsqr_lu(q_thin[:, :16])
+    tau_r, v, _, tm = reference.tsqr_reflectors(q_thin, lu, s, np.zeros((2, 16, 16)))
+    assert np.allclose(tm, reference._tmatrix(np.matmul(v.transpose(0, 2, 1), v), tau_r), atol=1e-10)
 
 
 def test_tree_geometry_and_layout():
@@ -85,6 +90,8 @@ def test_tsqr_schedule_json_plan_and_source():
              Precision("fp32", "tf32x3", "tf32x3"), aggregate=64, lookahead=2),
 ], ids=["plain", "aggregates", "lookahead"])
 def test_tsqr_launch_sequence(schedule):
+    """The tsqr phases through the work buffer at the kernel's offsets (simulate, starting from NaN) against the
+    reference's tsqr_panel."""
     a = stress("random", schedule.m, schedule.n, 2, seed=7)
     h, tau, log = simulate.geqrf(a, schedule)
     hr, tr = reference.geqrf(a, schedule, dtype=np.float32)
