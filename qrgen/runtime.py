@@ -546,6 +546,9 @@ class SkipStages:
             self.engine.gemm(stage, *args, **kwargs)
 
 
+TSQR_MAX_GRID_Y = 65535  # CUDA's limit on grid.y, where tsqr launches put the matrices
+
+
 class _Workspace:
     """Buffers the launch sequence needs beside h and tau, kept between calls."""
 
@@ -559,6 +562,8 @@ class _Workspace:
                 _, func = funcs[launch.kernel]
                 per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
+        if any(L.levels for L in fac.launches):
+            self.chunk = min(self.chunk, TSQR_MAX_GRID_Y)
         self.sizes = Sizes.of(fac)
         self.buffers = {name: cupy.empty((self.chunk, self.sizes.floats(name)), dtype=cupy.float32)
                         for name in buffer_names(fac)}
