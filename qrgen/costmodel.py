@@ -8,7 +8,7 @@ cost per launch. cuBLAS products with few output tiles run on few SMs when the b
 8 x 120 output: 61 µs); the split kernels fill the GPU but compute at 2.7 to 5.5 TFLOP/s (scripts/skinny_bench.py).
 The lanes term is fitted to CUDA-graph replays of the second session (a barrier per column
 over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
-(cols measured slower than lanes; not fitted).
+(cols measured slower than lanes; not fitted); the tsqr term is fitted to each of its launches timed alone.
 It ranks schedules; it does not replace measuring them.
 """
 from __future__ import annotations
@@ -33,6 +33,13 @@ CLUSTER_US_PER_COLUMN = 1.0  # a guess, not measured yet: a cluster barrier and 
 # the batch alone fills the GPU and each block walks long row ranges (60 x 1024 rows, 32 x 96)
 SPLIT_RATE = {True: 5.5e12, False: 2.7e12}
 SPLIT_FIXED_US = 5.0
+# tsqr panels, fitted to each launch alone on the H200 (BENCHMARKS.md, thirteenth session, scripts/tsqr_phases.py,
+# 16 columns, 256 threads, tiles of 512 rows): a level's factorization 13.6-17.6 µs (~0.95 µs a column), an
+# expansion 3-5 µs, the final phase 22.6 µs over 40,000 rows and 31.0 over 100,000.
+TSQR_US_PER_COLUMN = 0.95
+TSQR_EXPAND_US = 4.0
+TSQR_FINAL_US = 17.0
+TSQR_FINAL_US_PER_ENTRY = 8.75e-6  # per row and column of the panel
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,16 @@ def _split_us(rows: int, cols: int, width: int, batch: int, passes: int) -> floa
                passes * 4.0 * rows * cols * batch / BANDWIDTH) * 1e6 + SPLIT_FIXED_US
 
 
+def _tsqr_us(L, batch: int, registers: int) -> float:
+    """A tsqr panel: each level's factorization (in waves of its tiles over the SMs), the expansions, the final
+    phase."""
+    per_sm = _blocks_per_sm(L.threads, registers)
+    factor = sum(L.width * TSQR_US_PER_COLUMN * max(1.0, batch * tiles / (SMS * per_sm)) for _, tiles in L.levels)
+    final = (TSQR_FINAL_US + TSQR_FINAL_US_PER_ENTRY * L.rows * L.width) * max(1.0, batch * L.levels[0][1] /
+                                                                               (SMS * per_sm))
+    return factor + TSQR_EXPAND_US * (len(L.levels) - 1) + final
+
+
 def estimate(schedule: Schedule, problem: Problem) -> Estimate:
     _, launches = plan(schedule)
     batch = problem.batch
@@ -83,12 +100,16 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
     for index, L in enumerate(launches):
         res = schedule.resources(index)
         panel = schedule.panels[index]
-        waves = max(1.0, batch * L.blocks / (SMS * _blocks_per_sm(L.threads, res.registers)))
-        per_column = _column_us(panel.variant, L.threads, res.slots, L.width, panel.slice)
-        if L.blocks > 1:
-            per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN
-        panel_us += L.width * per_column * waves
-        n_launches += 1
+        if L.levels:
+            panel_us += _tsqr_us(L, batch, res.registers)
+            n_launches += 2 * len(L.levels)
+        else:
+            n_launches += 1
+            waves = max(1.0, batch * L.blocks / (SMS * _blocks_per_sm(L.threads, res.registers)))
+            per_column = _column_us(panel.variant, L.threads, res.slots, L.width, panel.slice)
+            if L.blocks > 1:
+                per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN
+            panel_us += L.width * per_column * waves
         if L.nc > 0 and schedule.panel_update == "split":
             gemm_us += _split_us(L.rows, L.nc, L.width, batch, 1) + _split_us(L.rows, L.nc, L.width, batch, 2)
             n_launches += 2

@@ -4,6 +4,7 @@ import json
 import optuna
 import pytest
 
+from qrgen import codegen
 from qrgen.costmodel import estimate
 from qrgen.problem import Problem, Target
 from qrgen.schedule import default_schedule
@@ -265,6 +266,22 @@ def test_neighbouring_aggregate_sizes_are_early_trials():
     assert default_params(Problem(1024, 1024, 60))["aggregate"] == 128
     assert aggregates[Problem(1024, 1024, 60)] == [(64, 2), (256, 2)]
     assert aggregates[Problem(176, 176, 40)] == []  # too few columns for aggregates
+
+
+@pytest.mark.parametrize("m,n", [(100000, 32), (40000, 256)])
+def test_cost_model_ranks_tsqr_as_measured(m, n):
+    """Without a GPU the tuner's objective: tsqr panels below the multi-block rows panels at the shapes where the
+    H200 measured them faster (BENCHMARKS.md, thirteenth session), and a tsqr panel costs each level's columns."""
+    from qrgen.costmodel import TSQR_US_PER_COLUMN
+
+    problem = Problem(m, n, 1)
+    tsqr = {**DEFAULT_PARAMS, "family": "tsqr", "tsqr_head": 16, "tsqr_threads": 256, "tsqr_tile": 512,
+            "loop": True}
+    rows = estimate(schedule_from_params(problem, DEFAULT_PARAMS), problem)
+    fast = estimate(schedule_from_params(problem, tsqr), problem)
+    assert fast.total_us < rows.total_us
+    levels = len(codegen.tsqr_levels(m, 16, 512))
+    assert fast.panel_us >= min(m, n) * levels * TSQR_US_PER_COLUMN
 
 
 def test_single_tall_matrices_default_to_clusters():
