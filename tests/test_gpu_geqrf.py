@@ -596,7 +596,8 @@ def test_committed_fp16_schedules_far_from_unit_scale(batch):
     (20000, 40, 1, ((16, 256, 512, True),) * 2 + ((8, 256, 512, True),), 0),
     (700, 100, 3, ((32, 64, 128, True),) * 3 + ((4, 64, 128, False),), 0),
     (256, 300, 2, ((32, 64, 128, False),) * 8, 128),
-], ids=["3000x48", "5000x96-aggregates", "20000x40-loop", "700x100", "256x300-wide"])
+    (3000, 37, 2, ((16, 128, 256, True),) * 2 + ((5, 64, 128, False),), 0),
+], ids=["3000x48", "5000x96-aggregates", "20000x40-loop", "700x100", "256x300-wide", "3000x37-odd-width"])
 def test_tsqr_panels_every_family(m, n, batch, panels, aggregate):
     """tsqr panels (a tree of QRs over row tiles, reflectors rebuilt from Q): one to three levels, with and without
     the columns right of them, aggregates, column loops, a tree of one tile, wide matrices."""

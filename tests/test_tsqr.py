@@ -88,7 +88,8 @@ def test_tsqr_schedule_json_plan_and_source():
     Schedule(1500, 96, (Panel(32, "tsqr", 128, tile=256),) * 3, aggregate=64),
     Schedule(2000, 120, (Panel(16, "tsqr", 64, tile=128, loop=True),) * 7 + (Panel(8, "rows", 512),),
              Precision("fp32", "tf32x3", "tf32x3"), aggregate=64, lookahead=2),
-], ids=["plain", "aggregates", "lookahead"])
+    Schedule(3000, 37, (Panel(16, "tsqr", 128, tile=256, loop=True),) * 2 + (Panel(5, "tsqr", 64, tile=128),)),
+], ids=["plain", "aggregates", "lookahead", "odd-width"])
 def test_tsqr_launch_sequence(schedule):
     """The tsqr phases through the work buffer at the kernel's offsets (simulate, starting from NaN) against the
     reference's tsqr_panel."""
