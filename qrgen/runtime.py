@@ -585,6 +585,7 @@ class _Workspace:
         self.strides = {"h": fac.m * fac.n, "t": self.sizes.g,
                         **{name: self.sizes.floats(name) for name in buffer_names(fac)}}
         self.panel_args: dict[int, _PackedArgs] = {}  # per panel, its packed launch arguments
+        self.tsqr_args: dict[int, list] = {}  # per tsqr panel, (tiles, packed arguments) per phase
         self.packed: dict[tuple, _PackedArgs] = {}  # per signature, the other kernels' (_CupyEngine._launch)
         self.lanes = _Lanes() if fac.schedule.lookahead else None
 
@@ -716,7 +717,7 @@ class _CupyEngine:
         src = self.src_ptr if (index == 0 and self.src_ptr is not None) else self.h_ptr
         stop = self._mark("panel", L)
         if L.levels:
-            self._tsqr(func, L, src, v, z)
+            self._tsqr(index, func, L, src, v, z)
             self._done(stop)
             return
         args = self.ws.panel_args.get(index)
@@ -742,14 +743,27 @@ class _CupyEngine:
                                 self.stream_ptr, args.address, 0)
         self._done(stop)
 
-    def _tsqr(self, func, L, src, v, z):
-        """A tsqr panel: one launch per phase of codegen.tsqr_phases, every tile of every matrix a block."""
+    def _tsqr(self, index, func, L, src, v, z):
+        """A tsqr panel: one launch per phase of codegen.tsqr_phases, every tile of every matrix a block. Each
+        phase's arguments are packed once per workspace; a call rewrites only src, h and tau (and the V^T and (VT)^T
+        offsets in keep plans, which scale with the chunk)."""
         ws = self.ws
-        for ph in codegen.tsqr_phases(L.levels, L.width):
-            self._launch(func, (ph.tiles, self.nb, 1), L.threads, 0, _TSQR_PARAMS,
-                         (src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
-                          ws.ptrs["ts"], self.strides["ts"], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y,
-                          ph.v1, L.c0, L.v_ld, L.v_bs))
+        packed = ws.tsqr_args.get(index)
+        if packed is None:
+            packed = ws.tsqr_args[index] = [
+                (ph.tiles, _PackedArgs(_TSQR_PARAMS, (
+                    src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
+                    ws.ptrs["ts"], self.strides["ts"], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
+                    L.c0, L.v_ld, L.v_bs))) for ph in codegen.tsqr_phases(L.levels, L.width)]
+        launch = self.cupy.cuda.driver.launchKernel
+        for tiles, args in packed:
+            args.set(0, src)
+            args.set(1, self.h_ptr)
+            args.set(2, self.tau_ptr)
+            if self.fac.keep:
+                args.set(3, ws.ptrs[v[0]] + 4 * v[1])
+                args.set(4, ws.ptrs[z[0]] + 4 * z[1])
+            launch(func.ptr, tiles, self.nb, 1, L.threads, 1, 1, 0, self.stream_ptr, args.address, 0)
 
     def tmat(self, agg):
         from .codegen import TMAT_KERNEL
