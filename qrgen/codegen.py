@@ -80,6 +80,11 @@ class Aggregate:
 # SPLIT_TILE rows per shared-memory step (project) or per block (update), 32 columns per block.
 SPLIT_THREADS = 256
 SPLIT_TILE = 64
+# The panel products of schedule.panel_update "fused" (templates/cuda/fused.cu.j2): W = Z^T C and C -= V W in one
+# launch, a block of FUSED_THREADS per 32 columns of C per matrix.
+FUSED_THREADS = 256
+FUSED_MIN_BLOCKS = 2  # resident blocks per SM the compiler plans registers for (128 a thread)
+FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside them, under 48 KiB of static memory)
 TMAT_KERNEL = "qr_tmat"
 SCALE_KERNEL = "qr_scale"
 SCALE_THREADS = 256
@@ -321,9 +326,11 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
     fused = None if keep else fused_q_kernel(kernels, launches)
     if fused is not None:
         kernels.append(fused)
+    widths = sorted({L.width for L in launches if L.nc > 0})
     if schedule.panel_update == "split":
-        widths = sorted({L.width for L in launches if L.nc > 0})
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
+    elif schedule.panel_update == "fused":
+        kernels += [fused_kernel(w) for w in widths]
     if any(a.nc > 0 for a in aggs) or (keep and aggs):
         kernels.append(tmat_kernel())
     if schedule.scaled:
@@ -368,6 +375,8 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
     if kernel.variant in ("project", "update"):
         return render_split(kernel, arch)
+    if kernel.variant == "fused":
+        return render_fused(kernel, arch)
     if kernel.variant == "tmat":
         return render_tmat(arch)
     if kernel.variant == "gemm3":
@@ -411,6 +420,30 @@ def split_name(kind: str, width: int) -> str:
 def render_split(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
     template = environment().get_template("cuda/split.cu.j2")
     return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, tile=SPLIT_TILE))
+
+
+def fused_kernel(width: int) -> KernelSpec:
+    """The "fused" panel products (W = Z^T C, then C -= V W, one launch) for panels of `width` columns."""
+    return KernelSpec(fused_name(width), "fused", width, FUSED_THREADS, 1, 0, 1, False, 0, 0, ())
+
+
+def fused_name(width: int) -> str:
+    return f"qr_fused_w{width}"
+
+
+def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
+    """W's rows padded to a power of two from 4 (whole 4 x 4 thread tiles that divide the block); projection
+    chunks of 32 rows, or 4 rows per thread group where there are more groups; as many chunks in flight (2 to 4) as
+    FUSED_SHARED_FLOATS of shared memory hold."""
+    wp = max(4, 1 << (kernel.width - 1).bit_length())
+    rt1 = max(32, 4 * (FUSED_THREADS // (wp // 4 * 8)))
+    rt2 = 4 * FUSED_THREADS // 8
+    s1 = max(2, min(4, FUSED_SHARED_FLOATS // (wp * (rt1 + 4) + rt1 * 32)))
+    s2 = max(2, min(4, FUSED_SHARED_FLOATS // (wp * (rt2 + 4))))
+    template = environment().get_template("cuda/fused.cu.j2")
+    return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, wp=wp, bn=32,
+                                                 threads=FUSED_THREADS, rt1=rt1, s1=s1, s2=s2,
+                                                 min_blocks=FUSED_MIN_BLOCKS))
 
 
 def render_tmat(arch: str = "sm_90") -> Rendered:

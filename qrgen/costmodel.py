@@ -81,6 +81,20 @@ def _split_us(rows: int, cols: int, width: int, batch: int, passes: int) -> floa
                passes * 4.0 * rows * cols * batch / BANDWIDTH) * 1e6 + SPLIT_FIXED_US
 
 
+# The fused panel products (one block per 32 columns per matrix, two resident per SM): about 0.027 µs a row for a
+# block alone at width 32, slower where blocks share SMs. Fitted to the 60 x 1024² panels' launches on the H200
+# (scripts/lanes_timeline.py, fourteenth session): 1024 rows, 32, 64 and 96 columns (60, 120, 180 blocks) 32, 33
+# and 50 µs.
+FUSED_US_PER_ROW = 0.027
+FUSED_FIXED_US = 5.0
+
+
+def _fused_us(rows: int, cols: int, width: int, batch: int) -> float:
+    load = max(1.0, batch * math.ceil(cols / 32) / SMS)
+    wp = max(4, 1 << (width - 1).bit_length())
+    return FUSED_FIXED_US + rows * FUSED_US_PER_ROW * (0.25 + 0.75 * wp / 32) * load ** 1.4
+
+
 def _tsqr_us(L, batch: int, registers: int) -> float:
     """A tsqr panel: each level's factorization (in waves of its tiles over the SMs), the expansions, the final
     phase."""
@@ -113,6 +127,9 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
         if L.nc > 0 and schedule.panel_update == "split":
             gemm_us += _split_us(L.rows, L.nc, L.width, batch, 1) + _split_us(L.rows, L.nc, L.width, batch, 2)
             n_launches += 2
+        elif L.nc > 0 and schedule.panel_update == "fused":
+            gemm_us += _fused_us(L.rows, L.nc, L.width, batch)
+            n_launches += 1
         elif L.nc > 0:
             # W (width x nc) reads C once; C -= V W reads and writes it.
             gemm_us += _gemm_us(L.width, L.nc, L.rows, batch, prec.project, 1)

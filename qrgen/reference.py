@@ -214,8 +214,9 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
         wmat = product(np.ascontiguousarray(z.transpose(0, 2, 1)), c, project)
         return c - product(v, wmat, upd)
 
-    # The split kernels compute the panels' own products in fp32 (schedule.panel_update).
-    panel_precision = ("fp32", "fp32") if schedule.panel_update == "split" else (prec.project, prec.update)
+    # The split and fused kernels compute the panels' own products in fp32 (schedule.panel_update).
+    panel_precision = (("fp32", "fp32") if schedule.panel_update in ("split", "fused")
+                       else (prec.project, prec.update))
 
     def wy(v, t, gram):  # Z = V T with T from the Gram matrix (inputs rounded as `gram` says) and tau
         vr = rnd(v, gram)

@@ -383,6 +383,9 @@ def drive(fac: "Factorizer", engine) -> None:
 
     def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False):
         """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first)."""
+        if how == "fused":
+            engine.fused(z, zld, zs, v, vld, vs, width, rows, ("h", col), nc)
+            return
         c = ("h", col)
         engine.gemm("project", False, False, width, nc, rows, 1.0, z, zld, zs, c, n, m * n, 0.0, (w, 0), nc,
                     sizes.w, project, via=how, side=side)
@@ -545,8 +548,12 @@ class SkipStages:
         if stage not in self.skip:
             self.engine.gemm(stage, *args, **kwargs)
 
+    def fused(self, *args):
+        if not {"project", "update"} & self.skip:
+            self.engine.fused(*args)
 
-TSQR_MAX_GRID_Y = 65535  # CUDA's limit on grid.y, where tsqr launches put the matrices
+
+MAX_GRID_Y = 65535  # CUDA's limit on grid.y (and z), where tsqr and fused launches put the matrices
 
 
 class _Workspace:
@@ -562,8 +569,8 @@ class _Workspace:
                 _, func = funcs[launch.kernel]
                 per_pass = max(1, fac._capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
-        if any(L.levels for L in fac.launches):
-            self.chunk = min(self.chunk, TSQR_MAX_GRID_Y)
+        if any(L.levels for L in fac.launches) or fac.schedule.panel_update in ("split", "fused"):
+            self.chunk = min(self.chunk, MAX_GRID_Y)
         self.sizes = Sizes.of(fac)
         self.buffers = {name: cupy.empty((self.chunk, self.sizes.floats(name)), dtype=cupy.float32)
                         for name in buffer_names(fac)}
@@ -641,6 +648,7 @@ _PANEL_PARAMS = (ctypes.c_uint64,) * 7 + (ctypes.c_uint32, ctypes.c_int32, ctype
 _P, _I, _L = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
 _SPLIT_PROJECT_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _L, _P, _I, _L, _P, _I, _I, _I)
 _SPLIT_UPDATE_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I)
+_FUSED_PARAMS = _SPLIT_UPDATE_PARAMS  # zt, zld, zs, vt, vld, vs, c, ldc, cs, rows, nc (templates/cuda/fused.cu.j2)
 _TMAT_PARAMS = (_P, _P, _P, _I, _L, _I)
 # src, h, tau, vt, zt, ts, its stride; kind, rows, at, out, tau_at, t_at, y, v1 (offsets in ts), c0, vld; vbs
 _TSQR_PARAMS = (_P,) * 6 + (_L,) + (_I,) * 10 + (_L,)
@@ -854,6 +862,17 @@ class _CupyEngine:
                      (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta),
                      self.lanes.side.ptr if side else self.stream_ptr)
         return True
+
+    def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
+        """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
+        (timed as the stage "project")."""
+        stop = self._mark("project", None)
+        _, func = self.funcs[codegen.fused_name(width)]
+        ptr = self.ptrs
+        self._launch(func, (-(-nc // 32), self.nb, 1), codegen.FUSED_THREADS, 0, _FUSED_PARAMS,
+                     (ptr[z[0]] + 4 * z[1], zld, zs, ptr[v[0]] + 4 * v[1], vld, vs, ptr[c[0]] + 4 * c[1], self.fac.n,
+                      self.fac.m * self.fac.n, rows, nc))
+        self._done(stop)
 
     def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
         ptr = self.ptrs

@@ -26,7 +26,7 @@ THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
 MAX_CLUSTER = 8  # blocks in a portable thread-block cluster (sm_90)
 CLUSTER_SLOTS = 4  # the default's most rows per thread on a cluster (cluster_panel)
-PANEL_UPDATES = ("cublas", "split")
+PANEL_UPDATES = ("cublas", "split", "fused")
 
 # sm_90 budgets (per block): the compiler's register cap comes from __launch_bounds__(threads, 1).
 MAX_REGS_PER_THREAD = 255
@@ -168,7 +168,9 @@ class Schedule:
     aggregate: int = 0
     # How each panel's own two products (W = (V T)^T C, C -= V W) run: "cublas", strided-batched GEMMs at the
     # precisions above; "split", generated fp32 kernels that also split the rows over blocks (templates/cuda/
-    # split.cu.j2), for small batches whose GEMMs would leave most SMs idle. The aggregates' products use cuBLAS.
+    # split.cu.j2), for small batches whose GEMMs would leave most SMs idle; "fused", one generated fp32 kernel for
+    # both (templates/cuda/fused.cu.j2: W stays in shared memory, a block per 32 columns of C per matrix), for
+    # batches that fill the GPU by themselves. The aggregates' products use cuBLAS or the tf32x3 kernels.
     panel_update: str = "cublas"
     # With aggregates, L > 0: each aggregate's update of the columns past the next aggregate runs on a second stream
     # while the next aggregate's panels factor (their chain on a high-priority stream; the next aggregate's own
@@ -187,9 +189,9 @@ class Schedule:
                              f"got {self.aggregate!r}")
         if self.panel_update not in PANEL_UPDATES:
             raise ValueError(f"Schedule.panel_update must be one of {PANEL_UPDATES}, got {self.panel_update!r}")
-        if self.panel_update == "split" and max(widths) > 32:
-            raise ValueError(f"Schedule.panel_update 'split' takes panels of at most 32 columns; got widths up to "
-                             f"{max(widths)}")
+        if self.panel_update in ("split", "fused") and max(widths) > 32:
+            raise ValueError(f"Schedule.panel_update {self.panel_update!r} takes panels of at most 32 columns; got "
+                             f"widths up to {max(widths)}")
         if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 0:
             raise ValueError(f"Schedule.lookahead must be 0 (off) or the waves per side-stream piece (> 0), got "
                              f"{self.lookahead!r}")
@@ -297,7 +299,8 @@ class Schedule:
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
         text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
         text += f" (lookahead, pieces of {self.lookahead} waves)" if self.lookahead else ""
-        return text + ("; panel products split over blocks" if self.panel_update == "split" else "")
+        return text + {"split": "; panel products split over blocks", "fused": "; panel products fused (one launch)"
+                       }.get(self.panel_update, "")
 
 
 def _panel_json(p: Panel) -> dict:
@@ -517,8 +520,18 @@ def default_aggregate(problem: Problem) -> int:
     return 0
 
 
+FUSED_FROM = 4  # matrices from which the panels' own products default to the fused kernel
+
+
 def default_panel_update(problem: Problem, aggregate: int) -> str:
-    return "split" if aggregate and SPLIT_BATCHES[0] <= problem.batch <= SPLIT_BATCHES[1] else "cublas"
+    """"split" for 2 to 8 matrices with aggregates; else "fused" from FUSED_FROM matrices on, measured on the H200
+    against cuBLAS's pair (graph replay, default or committed schedules, BENCHMARKS.md, fourteenth session): 4 x 512²
+    973 -> 917 us, 10 x 1000² 3,507 -> 3,255, 16 x 256² 334 -> 303, 40 x 176² 207 -> 192, 100 x 128² 144 -> 136,
+    200 x 96² 119 -> 115; one matrix of 1000² 2,376 -> 2,572 (one block per 32 columns walks every row), so below
+    FUSED_FROM cuBLAS."""
+    if aggregate and SPLIT_BATCHES[0] <= problem.batch <= SPLIT_BATCHES[1]:
+        return "split"
+    return "fused" if problem.batch >= FUSED_FROM else "cublas"
 
 
 def default_cluster(problem: Problem) -> int:

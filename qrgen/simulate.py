@@ -159,6 +159,16 @@ class NumpyEngine:
             self._gemm(*args)
         self.log.append(("gemm", stage, precision, via) + (("side",) if side else ()))
 
+    def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
+        """The fused kernel: W = Z^T C in fp32, then C -= V W (W never leaves the kernel)."""
+        n = self.fac.m * self.fac.n
+        zt = self._matrix(z[0], z[1], zs, width, rows, zld)
+        vt = self._matrix(v[0], v[1], vs, width, rows, vld)
+        mc = self._matrix(c[0], c[1], n, rows, nc, self.fac.n)
+        wmat = product(np.ascontiguousarray(zt), np.ascontiguousarray(mc), "fp32")
+        mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, "fp32")
+        self.log.append(("fused", width, rows, nc))
+
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
               precision, via):
         ma = self._matrix(a[0], a[1], sa, depth if trans_a else rows, rows if trans_a else depth, lda)

@@ -4,17 +4,19 @@ lane's products on the main lane; the side pieces on the side lane), then each l
 of its lane's previous end and (after a fork or join) the other lane's, and how long the panels ran while side-lane
 products ran beside them.
 
-    python scripts/lanes_timeline.py 60x1024x1024 [--list]
+    python scripts/lanes_timeline.py 60x1024x1024 [--list] [--panel-update fused]
 
 --list also prints every launch (lane, what, start and end in µs from the call's start). Times include what an
 event after every launch costs (a few µs of GPU time each at most); the second call is timed (the first builds).
 """
 import argparse
+import dataclasses
 
 import cupy
 import numpy as np
 
 from qrgen import runtime
+from qrgen.schedule import PANEL_UPDATES
 
 
 def intervals_union(spans):
@@ -40,18 +42,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case", help="BATCHxMxN, such as 60x1024x1024")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--panel-update", choices=PANEL_UPDATES, help="the schedule's, with this panel_update instead")
     args = ap.parse_args()
     batch, m, n = (int(v) for v in args.case.split("x"))
     fac = runtime.factorizer_for(m, n, batch, "sm_90")
+    if args.panel_update:
+        fac = runtime.Factorizer(m, n, dataclasses.replace(fac.schedule, panel_update=args.panel_update), "sm_90")
     if not fac.schedule.lookahead:
         raise SystemExit(f"{args.case}'s schedule has no lookahead: one lane")
     a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, m, n), dtype=np.float32))
-    runtime.geqrf(a)
+    fac(a)
     cupy.cuda.Device().synchronize()
 
     marks = []  # (lane, label, event): after each launch, in the order they were queued
     engine = runtime._CupyEngine
-    orig = {name: getattr(engine, name) for name in ("panel", "tmat", "gemm", "fork", "join")}
+    orig = {name: getattr(engine, name) for name in ("panel", "tmat", "gemm", "fused", "fork", "join")}
 
     def mark(self, lane, label):
         event = cupy.cuda.Event()
@@ -70,6 +75,11 @@ def main():
         orig["gemm"](self, stage, *rest, side=side, **kw)
         mark(self, "side" if side and self.lanes is not None else "main", f"{stage} {rest[2]}x{rest[3]}x{rest[4]}")
 
+    def fused(self, *args):
+        orig["fused"](self, *args)
+        width, rows, nc = args[6], args[7], args[9]
+        mark(self, "main", f"fused {width}x{nc}x{rows}")
+
     def fork(self):
         mark(self, "main", "fork")
         orig["fork"](self)
@@ -78,12 +88,13 @@ def main():
         orig["join"](self)
         mark(self, "main", "join")
 
-    for name, fn in (("panel", panel), ("tmat", tmat), ("gemm", gemm), ("fork", fork), ("join", join)):
+    for name, fn in (("panel", panel), ("tmat", tmat), ("gemm", gemm), ("fused", fused), ("fork", fork),
+                     ("join", join)):
         setattr(engine, name, fn)
     try:
         start = cupy.cuda.Event()
         start.record()
-        runtime.geqrf(a)
+        fac(a)
         cupy.cuda.Device().synchronize()
     finally:
         for name, fn in orig.items():

@@ -216,12 +216,13 @@ def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahea
     return Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update, lookahead=lookahead)
 
 
-@pytest.mark.parametrize("panel_update,lookahead", [("cublas", 0), ("split", 0), ("split", 32), ("cublas", 1)])
+@pytest.mark.parametrize("panel_update,lookahead", [("cublas", 0), ("split", 0), ("split", 32), ("cublas", 1),
+                                                    ("fused", 0), ("fused", 2)])
 @pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
                                                  (1024, 1024, 32, 256), (2000, 300, 8, 128)])
 def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update, lookahead):
     """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A); the
-    panels' own products through cuBLAS or the split kernels; with lookahead, on two streams."""
+    panels' own products through cuBLAS, the split kernels or the fused kernel; with lookahead, on two streams."""
     import cupy
 
     from qrgen.runtime import Factorizer
@@ -232,6 +233,46 @@ def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update,
         a = stress(family, m, n, 3, seed=aggregate)
         h, tau = fac(cupy.asarray(a))
         assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
+
+
+@pytest.mark.parametrize("width,rows,nc,ldc,aligned", [(32, 1024, 96, 1024, True), (32, 1024, 96, 1024, False),
+                                                       (32, 37, 70, 104, True), (32, 37, 70, 101, False),
+                                                       (16, 700, 33, 64, True), (5, 300, 1, 7, False),
+                                                       (1, 129, 40, 48, True), (8, 2000, 250, 257, False),
+                                                       (20, 130, 250, 260, True)])
+def test_fused_panel_products(width, rows, nc, ldc, aligned):
+    """The fused kernel against float64: C -= V (Z^T C) on nc columns of C (rows x ldc per matrix, from column 4
+    with every leading dimension a multiple of 4: its 16-byte path; else from column 3), the columns around them
+    untouched."""
+    import cupy
+
+    from qrgen import codegen, compile as qcompile
+    from qrgen.runtime import _FUSED_PARAMS, _PackedArgs
+
+    rendered = codegen.render_fused(codegen.fused_kernel(width))
+    binary = qcompile.compile_source(rendered.name, rendered.source, "sm_90")
+    module = cupy.cuda.function.Module()
+    module.load(binary.cubin)
+    func = module.get_function(rendered.name)
+    batch, rng = 5, np.random.default_rng(rows)
+    zld, vld, col = (-(-rows // 4) * 4 + 4, -(-rows // 4) * 4, 4) if aligned else (rows + 3, rows + 1, 3)
+    zt = rng.standard_normal((batch, width, zld)).astype(np.float32)  # leading dimensions past the rows
+    vt = rng.standard_normal((batch, width, vld)).astype(np.float32)
+    c = rng.standard_normal((batch, rows, ldc)).astype(np.float32)
+    zg, vg, cg = cupy.asarray(zt), cupy.asarray(vt), cupy.asarray(c)
+    values = (zg.data.ptr, zld, width * zld, vg.data.ptr, vld, width * vld, cg.data.ptr + 4 * col, ldc, rows * ldc,
+              rows, nc)
+    args = _PackedArgs(_FUSED_PARAMS, values)
+    cupy.cuda.driver.launchKernel(func.ptr, -(-nc // 32), batch, 1, codegen.FUSED_THREADS, 1, 1, 0,
+                                  cupy.cuda.get_current_stream().ptr, args.address, 0)
+    out = cupy.asnumpy(cg).astype(np.float64)
+    z64, v64, c64 = zt[:, :, :rows].astype(np.float64), vt[:, :, :rows].astype(np.float64), c.astype(np.float64)
+    part = c64[:, :, col:col + nc]
+    want = part - np.matmul(v64.transpose(0, 2, 1), np.matmul(z64, part))
+    scale = np.matmul(np.abs(v64).transpose(0, 2, 1), np.matmul(np.abs(z64), np.abs(part))) + np.abs(part)
+    assert np.all(np.abs(out[:, :, col:col + nc] - want) <= 2 * (rows + width) * EPS32 * scale)
+    assert np.array_equal(out[:, :, :col], c64[:, :, :col])
+    assert np.array_equal(out[:, :, col + nc:], c64[:, :, col + nc:])
 
 
 @pytest.mark.parametrize("batch,m,n", [(20000, 32, 32), (20, 32, 32), (40, 176, 176), (40, 352, 352), (6, 300, 120),

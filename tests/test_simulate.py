@@ -3,7 +3,7 @@ gives the reference's factorization."""
 import numpy as np
 import pytest
 
-from qrgen import reference, simulate
+from qrgen import codegen, reference, simulate
 from qrgen.check import check
 from qrgen.problem import Problem
 from qrgen.schedule import Panel, Precision, Schedule, default_schedule
@@ -40,6 +40,10 @@ SCHEDULES = [
     _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes"),
     _uniform(192, 160, 16, aggregate=64, precision=Precision("fp16", "bf16", "fp16"), panel_update="split"),
     _uniform(224, 160, 16, aggregate=64, precision=Precision("fp32", "tf32x3", "tf32x3"), lookahead=2),
+    _uniform(200, 150, 8, aggregate=64, panel_update="fused"),
+    _uniform(90, 120, 32, panel_update="fused", variant="lanes"),
+    _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="fused"),
+    _uniform(150, 150, 20, aggregate=40, precision=Precision("fp32", "tf32x3", "tf32x3"), panel_update="fused"),
 ]
 
 
@@ -64,6 +68,24 @@ def test_aggregated_schedule_passes_the_gates(family):
     a = stress(family, 192, 192, 2, seed=3)
     h, tau, _ = simulate.geqrf(a, schedule)
     assert check(a, h, tau).ok
+
+
+def test_fused_panel_products():
+    """panel_update "fused": each panel's two products are one fused launch in fp32 (whatever the aggregates'
+    precision), the aggregates' products stay GEMMs; saved and loaded with the schedule; panels of up to 32."""
+    schedule = _uniform(150, 150, 20, aggregate=40, precision=Precision("fp32", "tf32", "tf32"), panel_update="fused")
+    _, _, log = simulate.geqrf(stress("random", 150, 150, 2, seed=2), schedule)
+    fused = [e for e in log if e[0] == "fused"]
+    assert fused
+    panels_with_products = [L for L in codegen.plan(schedule)[1] if L.nc > 0]
+    assert [(e[1], e[2], e[3]) for e in fused] == [(L.width, L.rows, L.nc) for L in panels_with_products]
+    gemms = [e for e in log if e[0] == "gemm"]
+    assert {e[1] for e in gemms} == {"gram", "aggregate", "project", "update"}
+    assert {e[2] for e in gemms if e[1] in ("project", "update")} == {"tf32"}
+    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["panel_update"] == "fused"
+    assert [k.name for k in codegen.plan(schedule)[0] if k.variant == "fused"] == ["qr_fused_w20"]
+    with pytest.raises(ValueError, match="'fused' takes panels of at most 32"):
+        _uniform(128, 128, 64, panel_update="fused", variant="cols")
 
 
 def test_aggregates_do_rank_a_updates():
@@ -118,8 +140,10 @@ def test_split_panel_products():
     assert "panel_update" not in _uniform(100, 100, 20).to_json()
     assert default_schedule(Problem(4096, 4096, 2)).panel_update == "split"
     assert default_schedule(Problem(2048, 2048, 8)).panel_update == "split"
-    for problem in (Problem(4096, 4096, 1), Problem(1024, 1024, 60), Problem(352, 352, 4)):
+    for problem in (Problem(4096, 4096, 1), Problem(1000, 1000, 1), Problem(352, 352, 3)):
         assert default_schedule(problem).panel_update == "cublas"
+    for problem in (Problem(1024, 1024, 60), Problem(352, 352, 4), Problem(512, 512, 640)):
+        assert default_schedule(problem).panel_update == "fused"
     with pytest.raises(ValueError, match="panel_update"):
         _uniform(100, 100, 20, panel_update="splitk")
     # about two blocks per SM of 132, whole tiles of 64 rows, every row covered once

@@ -62,11 +62,12 @@ def test_search_runs_resumes_and_writes_provenance(tmp_path):
 
 
 def test_inaccurate_precision_is_never_best(tmp_path):
-    """bf16 everywhere fails the stress families: queued first, it is recorded with its time, its reason and an
-    unmet constraint (so the sampler learns from it), counted as failed and never returned."""
+    """bf16 everywhere (the panels' products too: through cuBLAS, not the fp32 fused kernel) fails the stress
+    families: queued first, it is recorded with its time, its reason and an unmet constraint (so the sampler learns
+    from it), counted as failed and never returned."""
     problem = Problem(96, 96, 4)
     evaluator = ModelEvaluator(problem)
-    bf16 = {**default_params(problem), "gram": "bf16", "project": "bf16", "update": "bf16"}
+    bf16 = {**default_params(problem), "gram": "bf16", "project": "bf16", "update": "bf16", "panel_update": "cublas"}
     fast = evaluator(schedule_from_params(problem, bf16), bf16)
     assert not fast.accurate
     optuna.logging.set_verbosity(optuna.logging.ERROR)
