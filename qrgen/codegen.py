@@ -84,7 +84,8 @@ SPLIT_TILE = 64
 # launch, a block of FUSED_THREADS per 32 columns of C per matrix.
 FUSED_THREADS = 256
 FUSED_MIN_BLOCKS = 2  # resident blocks per SM the compiler plans registers for (128 a thread)
-FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside them, under 48 KiB of static memory)
+FUSED_ROWS = 32  # rows per projection chunk (at least: 4 per thread group)
+FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside them)
 TMAT_KERNEL = "qr_tmat"
 SCALE_KERNEL = "qr_scale"
 SCALE_THREADS = 256
@@ -424,26 +425,34 @@ def render_split(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
 
 def fused_kernel(width: int) -> KernelSpec:
     """The "fused" panel products (W = Z^T C, then C -= V W, one launch) for panels of `width` columns."""
-    return KernelSpec(fused_name(width), "fused", width, FUSED_THREADS, 1, 0, 1, False, 0, 0, ())
+    return KernelSpec(fused_name(width), "fused", width, FUSED_THREADS, 1, 0, 1, False, 0,
+                      fused_layout(width)["shared_bytes"], ())
 
 
 def fused_name(width: int) -> str:
     return f"qr_fused_w{width}"
 
 
-def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
-    """W's rows padded to a power of two from 4 (whole 4 x 4 thread tiles that divide the block); projection
-    chunks of 32 rows, or 4 rows per thread group where there are more groups; as many chunks in flight (2 to 4) as
-    FUSED_SHARED_FLOATS of shared memory hold."""
-    wp = max(4, 1 << (kernel.width - 1).bit_length())
-    rt1 = max(32, 4 * (FUSED_THREADS // (wp // 4 * 8)))
+def fused_layout(width: int) -> dict:
+    """The fused kernel's shapes for panels of `width` columns: W's rows padded to a power of two from 4 (whole 4 x 4
+    thread tiles that divide the block: wp); rows per projection chunk (FUSED_ROWS, or 4 per thread group where
+    there are more groups: rt1) and per update chunk (rt2); as many chunks in flight (2 to 4: s1, s2) as
+    FUSED_SHARED_FLOATS hold; its dynamic shared memory (the FusedShared of templates/cuda/fused.cu.j2)."""
+    wp = max(4, 1 << (width - 1).bit_length())
+    groups = FUSED_THREADS // (wp // 4 * 8)
+    rt1 = max(FUSED_ROWS, 4 * groups)
     rt2 = 4 * FUSED_THREADS // 8
     s1 = max(2, min(4, FUSED_SHARED_FLOATS // (wp * (rt1 + 4) + rt1 * 32)))
     s2 = max(2, min(4, FUSED_SHARED_FLOATS // (wp * (rt2 + 4))))
+    union = max(s1 * (wp * (rt1 + 4) + rt1 * 32), groups * wp * 32, s2 * wp * (rt2 + 4))
+    return dict(wp=wp, rt1=rt1, rt2=rt2, s1=s1, s2=s2, shared_bytes=4 * (union + wp * 32))
+
+
+def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
+    layout = fused_layout(kernel.width)
     template = environment().get_template("cuda/fused.cu.j2")
-    return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, wp=wp, bn=32,
-                                                 threads=FUSED_THREADS, rt1=rt1, s1=s1, s2=s2,
-                                                 min_blocks=FUSED_MIN_BLOCKS))
+    return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, bn=32,
+                                                 threads=FUSED_THREADS, min_blocks=FUSED_MIN_BLOCKS, **layout))
 
 
 def render_tmat(arch: str = "sm_90") -> Rendered:

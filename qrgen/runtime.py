@@ -93,6 +93,7 @@ class Factorizer:
         # after the factorization (drive_q)
         self.keep = keep
         self.kernels, self.launches = codegen.plan(schedule, keep)
+        self.shared_bytes = {k.name: k.shared_bytes for k in self.kernels}  # each kernel's dynamic shared memory
         self.aggregates = codegen.aggregates(schedule)
         self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
@@ -143,7 +144,7 @@ class Factorizer:
             if not self.binaries:
                 self.build()
             funcs = {}
-            shared = {k.name: k.shared_bytes for k in self.kernels}
+            shared = self.shared_bytes
             for binary in self.binaries:
                 module = cupy.cuda.function.Module()
                 module.load(binary.cubin)
@@ -867,9 +868,11 @@ class _CupyEngine:
         """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
         (timed as the stage "project")."""
         stop = self._mark("project", None)
-        _, func = self.funcs[codegen.fused_name(width)]
+        name = codegen.fused_name(width)
+        _, func = self.funcs[name]
         ptr = self.ptrs
-        self._launch(func, (-(-nc // 32), self.nb, 1), codegen.FUSED_THREADS, 0, _FUSED_PARAMS,
+        self._launch(func, (-(-nc // 32), self.nb, 1), codegen.FUSED_THREADS, self.fac.shared_bytes[name],
+                     _FUSED_PARAMS,
                      (ptr[z[0]] + 4 * z[1], zld, zs, ptr[v[0]] + 4 * v[1], vld, vs, ptr[c[0]] + 4 * c[1], self.fac.n,
                       self.fac.m * self.fac.n, rows, nc))
         self._done(stop)

@@ -263,8 +263,9 @@ def test_fused_panel_products(width, rows, nc, ldc, aligned):
     values = (zg.data.ptr, zld, width * zld, vg.data.ptr, vld, width * vld, cg.data.ptr + 4 * col, ldc, rows * ldc,
               rows, nc)
     args = _PackedArgs(_FUSED_PARAMS, values)
-    cupy.cuda.driver.launchKernel(func.ptr, -(-nc // 32), batch, 1, codegen.FUSED_THREADS, 1, 1, 0,
-                                  cupy.cuda.get_current_stream().ptr, args.address, 0)
+    cupy.cuda.driver.launchKernel(func.ptr, -(-nc // 32), batch, 1, codegen.FUSED_THREADS, 1, 1,
+                                  codegen.fused_layout(width)["shared_bytes"], cupy.cuda.get_current_stream().ptr,
+                                  args.address, 0)
     out = cupy.asnumpy(cg).astype(np.float64)
     z64, v64, c64 = zt[:, :, :rows].astype(np.float64), vt[:, :, :rows].astype(np.float64), c.astype(np.float64)
     part = c64[:, :, col:col + nc]

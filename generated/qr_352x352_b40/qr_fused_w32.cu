@@ -19,18 +19,19 @@
 #define GROUP (TI * 8)                   // threads that cover W (8 tiles along its columns: 4 jl + e, e < 4)
 #define GROUPS (THREADS / GROUP)         // row groups of the projection
 #define RT1 32                    // rows per projection chunk: 4 rows a step, GROUPS groups
-#define RT2 (4 * THREADS / 8)            // rows per update chunk: 8 threads across the columns, 4 rows each
+#define RT2 128                    // rows per update chunk: 8 threads across the columns, 4 rows each
 #define S1 4                      // projection chunks in shared memory (S1 - 1 in flight)
 #define S2 2                      // update chunks
 #define NZ (WP * RT1 / THREADS)          // Z^T's floats per thread and projection chunk
 #define NC (RT1 * BN / THREADS)          // C's
 #define NV (WP * RT2 / THREADS)          // V^T's per update chunk
 #define CEIL(a, b) (((a) + (b) - 1) / (b))
-static_assert(BN == 32 && GROUPS * GROUP == THREADS && RT1 % (4 * GROUPS) == 0, "whole tiles");
+static_assert(BN == 32 && GROUPS * GROUP == THREADS && RT1 % (4 * GROUPS) == 0 && RT2 == 4 * THREADS / 8,
+              "whole tiles");
 static_assert(NZ * THREADS == WP * RT1 && NC * THREADS == RT1 * BN && NV * THREADS == WP * RT2 && S1 >= 2 && S2 >= 2,
               "whole chunks per thread");
 
-// Shared memory: the projection's chunks of Z^T (rows by W row) and of C, in turn with the groups' partial W and
+// Shared memory (dynamic, 38912 bytes): the projection's chunks of Z^T (rows by W row) and of C, in turn with the groups' partial W and
 // then the update's chunks of V^T; W itself throughout the update. Z^T's and V^T's row strides of 4 mod 32 words
 // keep the 128-bit loads free of bank conflicts.
 struct FusedShared {
@@ -44,6 +45,7 @@ struct FusedShared {
   } x;
   float w[WP][BN];
 };
+static_assert(sizeof(FusedShared) == 38912, "the launch's dynamic shared memory (codegen.fused_layout)");
 
 __device__ __forceinline__ void unpack(float (&d)[4], const float4 v) {
   d[0] = v.x;
@@ -135,7 +137,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
     const float* __restrict__ vt, int vld, long long vs,
     float* __restrict__ c, int ldc, long long cs, int rows, int nc)
 {
-  __shared__ __align__(16) FusedShared sm;
+  extern __shared__ __align__(16) float fused_shared[];
+  FusedShared& sm = *reinterpret_cast<FusedShared*>(fused_shared);
   const int t = threadIdx.x, b = blockIdx.y, col0 = blockIdx.x * BN;
   zt += b * zs;
   vt += b * vs;
