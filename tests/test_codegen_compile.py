@@ -54,12 +54,14 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
 
 
 def test_vector_width_follows_alignment():
+    """The panel kernels' loads (the fused products choose 16 or 4 bytes at run time)."""
     kernels, _ = codegen.plan(default_schedule(Problem(33, 33, 640)))
-    assert {k.vec for k in kernels} == {1}
+    assert {k.vec for k in kernels if k.variant != "fused"} == {1}
     kernels, _ = codegen.plan(default_schedule(Problem(64, 64, 640)))
-    assert {k.vec for k in kernels} == {4}
+    assert {k.vec for k in kernels if k.variant != "fused"} == {4}
     kernels, _ = codegen.plan(default_schedule(Problem(64, 64, 4)))
-    assert {k.variant for k in kernels} == {"lanes"} and {k.vec for k in kernels} == {1}  # one float per lane
+    panels = [k for k in kernels if k.variant != "fused"]
+    assert {k.variant for k in panels} == {"lanes"} and {k.vec for k in panels} == {1}  # one float per lane
 
 
 def test_cache_key_changes_with_every_input():
