@@ -1,0 +1,66 @@
+"""Run on the GPU machine: each case's schedule (its committed file, else the default) against the same schedule
+with some of its fields replaced, the same inputs, graph-replay and eager medians in two rounds in turn, the gates
+on a batch of every stress family first.
+
+    python scripts/schedule_ab.py 60x1024x1024 640x512x512 --variant panel_update=cublas --variant aggregate=64
+
+A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's integer or string fields (aggregate,
+lookahead, panel_update, scaled); it applies to every case (a case whose schedule rejects it says why and goes on).
+"""
+import argparse
+import dataclasses
+
+import cupy
+import numpy as np
+
+from qrgen import runtime
+from qrgen.bench import graph_time_us, median_time_us
+from qrgen.check import check
+from qrgen.testing import mixed
+
+FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "scaled": lambda v: v in ("1", "true", "True")}
+
+
+def parse(text: str) -> dict:
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in FIELDS or not value:
+            raise SystemExit(f"a variant is FIELD=VALUE pairs with FIELD in {sorted(FIELDS)}, got {item!r}")
+        out[key] = FIELDS[key](value)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="+", help="BATCHxMxN, such as 60x1024x1024")
+    ap.add_argument("--variant", action="append", default=[], help="FIELD=VALUE[,FIELD=VALUE...] (repeatable)")
+    args = ap.parse_args()
+    variants = [(text, parse(text)) for text in args.variant]
+    for case in args.cases:
+        batch, m, n = (int(v) for v in case.split("x"))
+        base = runtime.factorizer_for(m, n, batch, "sm_90")
+        facs = {"schedule": base}
+        for text, fields in variants:
+            try:
+                facs[text] = runtime.Factorizer(m, n, dataclasses.replace(base.schedule, **fields), "sm_90")
+            except ValueError as exc:
+                print(f"{case} {text}: rejected ({exc})", flush=True)
+        rng = np.random.default_rng(0)
+        inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
+        hostile, _ = mixed(m, n, min(batch, 10 if m * n <= 1 << 20 else 4), seed=1)
+        for name, fac in facs.items():
+            fac.build()
+            h, tau = fac(cupy.asarray(hostile))
+            result = check(hostile, h, tau)
+            f, o = result.worst()
+            print(f"{case} {name}: factor {f:.2f} orthogonality {o:.2f} {'pass' if result.ok else 'FAIL'}", flush=True)
+        for rnd in range(2):
+            for name, fac in facs.items():
+                graph = graph_time_us(fac, inputs, 10)
+                eager = median_time_us(fac, inputs, 10, warmup=2)
+                print(f"{case} round {rnd} {name:>28}: graph {graph:10.1f} eager {eager:10.1f} µs", flush=True)
+
+
+if __name__ == "__main__":
+    main()
