@@ -4,8 +4,8 @@ on a batch of every stress family first.
 
     python scripts/schedule_ab.py 60x1024x1024 640x512x512 --variant panel_update=cublas --variant aggregate=64
 
-A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's integer or string fields (aggregate,
-lookahead, panel_update, scaled); it applies to every case (a case whose schedule rejects it says why and goes on).
+A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead and
+panel_update; it applies to every case (a case whose schedule rejects it says why and goes on).
 """
 import argparse
 import dataclasses
@@ -18,7 +18,7 @@ from qrgen.bench import graph_time_us, median_time_us
 from qrgen.check import check
 from qrgen.testing import mixed
 
-FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "scaled": lambda v: v in ("1", "true", "True")}
+FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str}
 
 
 def parse(text: str) -> dict:
