@@ -520,18 +520,20 @@ def default_aggregate(problem: Problem) -> int:
     return 0
 
 
-FUSED_FROM = 4  # matrices from which the panels' own products default to the fused kernel
+FUSED_FROM = 4  # matrices from which the panels' own products default to the fused kernel ...
+FUSED_MAX_ROWS = 1024  # ... up to this many rows (a block per 32 columns walks every row; measured up to 1024)
 
 
 def default_panel_update(problem: Problem, aggregate: int) -> str:
-    """"split" for 2 to 8 matrices with aggregates; else "fused" from FUSED_FROM matrices on, measured on the H200
-    against cuBLAS's pair (graph replay, default or committed schedules, BENCHMARKS.md, fourteenth session): 4 x 512²
-    973 -> 917 us, 10 x 1000² 3,507 -> 3,255, 16 x 256² 334 -> 303, 40 x 176² 207 -> 192, 100 x 128² 144 -> 136,
-    200 x 96² 119 -> 115; one matrix of 1000² 2,376 -> 2,572 (one block per 32 columns walks every row), so below
-    FUSED_FROM cuBLAS."""
+    """"split" for 2 to 8 matrices with aggregates; else "fused" from FUSED_FROM matrices of up to FUSED_MAX_ROWS
+    rows, measured on the H200 against cuBLAS's pair (graph replay, default or committed schedules, BENCHMARKS.md,
+    fourteenth session): 4 x 512² 973 -> 917 us, 10 x 1000² 3,507 -> 3,255, 16 x 256² 334 -> 303, 40 x 176²
+    207 -> 192, 100 x 128² 144 -> 136, 200 x 96² 119 -> 115, 60 x 1024² 4,695 -> 4,384; one matrix of 1000² 2,376
+    -> 2,572 (one block per 32 columns walks every row), so cuBLAS below FUSED_FROM and for taller matrices, where
+    few blocks would walk many rows (not measured)."""
     if aggregate and SPLIT_BATCHES[0] <= problem.batch <= SPLIT_BATCHES[1]:
         return "split"
-    return "fused" if problem.batch >= FUSED_FROM else "cublas"
+    return "fused" if problem.batch >= FUSED_FROM and problem.m <= FUSED_MAX_ROWS else "cublas"
 
 
 def default_cluster(problem: Problem) -> int:

@@ -140,7 +140,8 @@ def test_split_panel_products():
     assert "panel_update" not in _uniform(100, 100, 20).to_json()
     assert default_schedule(Problem(4096, 4096, 2)).panel_update == "split"
     assert default_schedule(Problem(2048, 2048, 8)).panel_update == "split"
-    for problem in (Problem(4096, 4096, 1), Problem(1000, 1000, 1), Problem(352, 352, 3)):
+    for problem in (Problem(4096, 4096, 1), Problem(1000, 1000, 1), Problem(352, 352, 3), Problem(8192, 512, 8),
+                    Problem(4096, 64, 64)):
         assert default_schedule(problem).panel_update == "cublas"
     for problem in (Problem(1024, 1024, 60), Problem(352, 352, 4), Problem(512, 512, 640)):
         assert default_schedule(problem).panel_update == "fused"
