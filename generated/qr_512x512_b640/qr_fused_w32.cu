@@ -31,9 +31,9 @@ static_assert(BN == 32 && GROUPS * GROUP == THREADS && RT1 % (4 * GROUPS) == 0 &
 static_assert(NZ * THREADS == WP * RT1 && NC * THREADS == RT1 * BN && NV * THREADS == WP * RT2 && S1 >= 2 && S2 >= 2,
               "whole chunks per thread");
 
-// Shared memory (dynamic, 38912 bytes): the projection's chunks of Z^T (rows by W row) and of C, in turn with the groups' partial W and
-// then the update's chunks of V^T; W itself throughout the update. Z^T's and V^T's row strides of 4 mod 32 words
-// keep the 128-bit loads free of bank conflicts.
+// Shared memory (dynamic, 38912 bytes): the projection's chunks of Z^T (rows by W row) and of C, in turn
+// with the groups' partial W and then the update's chunks of V^T; W itself throughout the update. Z^T's and V^T's
+// row strides of 4 mod 32 words keep the 128-bit loads free of bank conflicts.
 struct FusedShared {
   union {
     struct {
