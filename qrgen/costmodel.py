@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .codegen import aggregates, plan
+from .codegen import aggregates, fused_layout, plan
 from .problem import Problem
 from .schedule import Schedule
 
@@ -91,7 +91,7 @@ FUSED_FIXED_US = 5.0
 
 def _fused_us(rows: int, cols: int, width: int, batch: int) -> float:
     load = max(1.0, batch * math.ceil(cols / 32) / SMS)
-    wp = max(4, 1 << (width - 1).bit_length())
+    wp = fused_layout(width)["wp"]
     return FUSED_FIXED_US + rows * FUSED_US_PER_ROW * (0.25 + 0.75 * wp / 32) * load ** 1.4
 
 

@@ -54,19 +54,18 @@ __device__ __forceinline__ void unpack(float (&d)[4], const float4 v) {
   d[3] = v.w;
 }
 
-// Global -> shared, asynchronously: 4 bytes (zeros where !ok), or 16 of which the first `bytes` are read and the
-// rest zero-filled. Nothing is read where nothing is asked for (src is then any valid address).
-__device__ __forceinline__ void copy4(float* dst, const float* src, const bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(ok ? 4 : 0));
-}
-
 __device__ __forceinline__ void copy16(float* dst, const float* src, const int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
                "l"(src), "r"(bytes));
 }
 
+__device__ __forceinline__ void copy4(float* dst, const float* src, const bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(ok ? 4 : 0));
+}
+
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
 
 // Rows [r, r + 4) of a row of `rows` floats from r, in floats: 0 to 4.
 __device__ __forceinline__ int quad(const int r, const int rows) { return max(0, min(4, rows - r)); }

@@ -51,11 +51,18 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// 16 bytes global -> shared, zeros where ok is false (src is then any valid address).
-__device__ __forceinline__ void copy16(float* dst, const float* src, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+__device__ __forceinline__ void copy16(float* dst, const float* src, const int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(bytes));
 }
+
+__device__ __forceinline__ void copy4(float* dst, const float* src, const bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(ok ? 4 : 0));
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_gemm3_project(
     const float* __restrict__ a, int lda, long long sa,
@@ -82,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_gemm3_project(
 
       const int m = idx / (BK / 4), k = (idx % (BK / 4)) * 4;
       const bool ok = m0 + m < M && k0 + k < K;
-      copy16(as + m * AS + k, ok ? a + (long long)(m0 + m) * lda + k0 + k : a, ok);
+      copy16(as + m * AS + k, ok ? a + (long long)(m0 + m) * lda + k0 + k : a, ok ? 16 : 0);
 
     }
 #pragma unroll
@@ -91,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_gemm3_project(
 
       const int k = idx / (BN / 4), n = (idx % (BN / 4)) * 4;
       const bool ok = k0 + k < K && n0 + n < N;
-      copy16(bs + k * BS + n, ok ? b + (long long)(k0 + k) * ldb + n0 + n : b, ok);
+      copy16(bs + k * BS + n, ok ? b + (long long)(k0 + k) * ldb + n0 + n : b, ok ? 16 : 0);
 
     }
   };
@@ -134,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_gemm3_project(
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < steps) load(s, s * BK);
-    asm volatile("cp.async.commit_group;");
+    commit();
   }
 #pragma unroll 1
   for (int step = 0; step < steps; ++step) {
@@ -143,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_gemm3_project(
     {
       const int next = step + STAGES - 1;
       if (next < steps) load(next % STAGES, next * BK);
-      asm volatile("cp.async.commit_group;");
+      commit();
     }
     const float* as = smem + (step % STAGES) * (A_STAGE + B_STAGE);
     const float* bs = as + A_STAGE;

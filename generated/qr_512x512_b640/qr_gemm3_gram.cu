@@ -51,11 +51,18 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// 16 bytes global -> shared, zeros where ok is false (src is then any valid address).
-__device__ __forceinline__ void copy16(float* dst, const float* src, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+__device__ __forceinline__ void copy16(float* dst, const float* src, const int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(bytes));
 }
+
+__device__ __forceinline__ void copy4(float* dst, const float* src, const bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(ok ? 4 : 0));
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
 
 extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_gemm3_gram(
     const float* __restrict__ a, int lda, long long sa,
@@ -82,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_gemm3_gram(
 
       const int m = idx / (BK / 4), k = (idx % (BK / 4)) * 4;
       const bool ok = m0 + m < M && k0 + k < K;
-      copy16(as + m * AS + k, ok ? a + (long long)(m0 + m) * lda + k0 + k : a, ok);
+      copy16(as + m * AS + k, ok ? a + (long long)(m0 + m) * lda + k0 + k : a, ok ? 16 : 0);
 
     }
 #pragma unroll
@@ -91,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_gemm3_gram(
 
       const int n = idx / (BK / 4), k = (idx % (BK / 4)) * 4;
       const bool ok = n0 + n < N && k0 + k < K;
-      copy16(bs + n * BS + k, ok ? b + (long long)(n0 + n) * ldb + k0 + k : b, ok);
+      copy16(bs + n * BS + k, ok ? b + (long long)(n0 + n) * ldb + k0 + k : b, ok ? 16 : 0);
 
     }
   };
@@ -127,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_gemm3_gram(
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < steps) load(s, s * BK);
-    asm volatile("cp.async.commit_group;");
+    commit();
   }
 #pragma unroll 1
   for (int step = 0; step < steps; ++step) {
@@ -136,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_gemm3_gram(
     {
       const int next = step + STAGES - 1;
       if (next < steps) load(next % STAGES, next * BK);
-      asm volatile("cp.async.commit_group;");
+      commit();
     }
     const float* as = smem + (step % STAGES) * (A_STAGE + B_STAGE);
     const float* bs = as + A_STAGE;
