@@ -85,6 +85,7 @@ SPLIT_TILE = 64
 FUSED_THREADS = 256
 FUSED_MIN_BLOCKS = 2  # resident blocks per SM the compiler plans registers for (128 a thread)
 FUSED_ROWS = 32  # rows per projection chunk (at least: 4 per thread group)
+FUSED_CLUSTERS = (1, 2, 4, 8)  # blocks per cluster that split the rows (runtime.fused_cluster picks one per launch)
 FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside them)
 TMAT_KERNEL = "qr_tmat"
 SCALE_KERNEL = "qr_scale"
@@ -331,7 +332,7 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
     if schedule.panel_update == "split":
         kernels += [split_kernel(kind, w) for w in widths for kind in ("project", "update")]
     elif schedule.panel_update == "fused":
-        kernels += [fused_kernel(w) for w in widths]
+        kernels += [fused_kernel(w, cl) for w in widths for cl in FUSED_CLUSTERS]
     if any(a.nc > 0 for a in aggs) or (keep and aggs):
         kernels.append(tmat_kernel())
     if schedule.scaled:
@@ -423,21 +424,23 @@ def render_split(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
     return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, tile=SPLIT_TILE))
 
 
-def fused_kernel(width: int) -> KernelSpec:
-    """The "fused" panel products (W = Z^T C, then C -= V W, one launch) for panels of `width` columns."""
-    return KernelSpec(fused_name(width), "fused", width, FUSED_THREADS, 1, 0, 1, False, 0,
-                      fused_layout(width)["shared_bytes"], ())
+def fused_kernel(width: int, cluster: int = 1) -> KernelSpec:
+    """The "fused" panel products (W = Z^T C, then C -= V W, one launch) for panels of `width` columns; with
+    cluster > 1 the rows split over a cluster of that many blocks."""
+    return KernelSpec(fused_name(width, cluster), "fused", width, FUSED_THREADS, cluster, 0, 1, False, 0,
+                      fused_layout(width, cluster)["shared_bytes"], (), cluster=cluster > 1)
 
 
-def fused_name(width: int) -> str:
-    return f"qr_fused_w{width}"
+def fused_name(width: int, cluster: int = 1) -> str:
+    return f"qr_fused_w{width}" + (f"_c{cluster}" if cluster > 1 else "")
 
 
-def fused_layout(width: int) -> dict:
+def fused_layout(width: int, cluster: int = 1) -> dict:
     """The fused kernel's shapes for panels of `width` columns: W's rows padded to a power of two from 4 (whole 4 x 4
     thread tiles that divide the block: wp); rows per projection chunk (FUSED_ROWS, or 4 per thread group where
     there are more groups: rt1) and per update chunk (rt2); as many chunks in flight (2 to 4: s1, s2) as
-    FUSED_SHARED_FLOATS hold; its dynamic shared memory (the FusedShared of templates/cuda/fused.cu.j2)."""
+    FUSED_SHARED_FLOATS hold; the blocks per cluster (cl); its dynamic shared memory (the FusedShared of
+    templates/cuda/fused.cu.j2)."""
     wp = max(4, 1 << (width - 1).bit_length())
     groups = FUSED_THREADS // (wp // 4 * 8)
     rt1 = max(FUSED_ROWS, 4 * groups)
@@ -445,11 +448,12 @@ def fused_layout(width: int) -> dict:
     s1 = max(2, min(4, FUSED_SHARED_FLOATS // (wp * (rt1 + 4) + rt1 * 32)))
     s2 = max(2, min(4, FUSED_SHARED_FLOATS // (wp * (rt2 + 4))))
     union = max(s1 * (wp * (rt1 + 4) + rt1 * 32), groups * wp * 32, s2 * wp * (rt2 + 4))
-    return dict(wp=wp, rt1=rt1, rt2=rt2, s1=s1, s2=s2, shared_bytes=4 * (union + wp * 32))
+    w, wt = wp * 32, (wp * 32 if cluster > 1 else 0)  # W, and the cluster's total W
+    return dict(wp=wp, rt1=rt1, rt2=rt2, s1=s1, s2=s2, cl=cluster, shared_bytes=4 * (union + w + wt))
 
 
 def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
-    layout = fused_layout(kernel.width)
+    layout = fused_layout(kernel.width, kernel.blocks)
     template = environment().get_template("cuda/fused.cu.j2")
     return Rendered(kernel.name, template.render(version=__version__, arch=arch, k=kernel, bn=32,
                                                  threads=FUSED_THREADS, min_blocks=FUSED_MIN_BLOCKS, **layout))

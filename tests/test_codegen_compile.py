@@ -308,14 +308,17 @@ def test_fused_panel_products_compile_without_spills(tmp_path, monkeypatch):
     """The fused kernel for every padding of W's rows (4, 8, 16, 32) and odd widths: 0 spills, shared memory (all of
     it dynamic) within two blocks per SM, registers within two blocks of 256 threads per SM."""
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
-    widths = (1, 4, 5, 8, 13, 16, 20, 32)
-    items = [(r.name, r.source) for r in (codegen.render_fused(codegen.fused_kernel(w)) for w in widths)]
+    kernels = [codegen.fused_kernel(w) for w in (1, 4, 5, 8, 13, 16, 20, 32)]
+    kernels += [codegen.fused_kernel(w, cl) for w in (5, 32) for cl in codegen.FUSED_CLUSTERS[1:]]
+    items = [(r.name, r.source) for r in (codegen.render_fused(k) for k in kernels)]
     assert all("cp.async.cg.shared.global" in src and "cp.async.ca.shared.global" in src for _, src in items)
+    assert all(("__cluster_dims__" in src) == ("_c" in name) for name, src in items)
+    spec = {k.name: k for k in kernels}
     for binary in qcompile.compile_many(items, "sm_90"):
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
         static = re.search(r"(\d+) bytes smem", binary.log)
         smem = int(static.group(1)) if static else 0
-        shared = codegen.fused_layout(int(binary.name.rsplit("w", 1)[1]))["shared_bytes"]
+        shared = spec[binary.name].shared_bytes
         assert binary.registers <= 128 and smem == 0 and 2 * shared <= 227 * 1024, (binary.name, binary.registers)
 
 

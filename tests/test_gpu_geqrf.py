@@ -235,21 +235,22 @@ def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update,
         assert check(a, h, tau).ok, f"{family} {schedule.describe()}"
 
 
-@pytest.mark.parametrize("width,rows,nc,ldc,aligned", [(32, 1024, 96, 1024, True), (32, 1024, 96, 1024, False),
-                                                       (32, 37, 70, 104, True), (32, 37, 70, 101, False),
-                                                       (16, 700, 33, 64, True), (5, 300, 1, 7, False),
-                                                       (1, 129, 40, 48, True), (8, 2000, 250, 257, False),
-                                                       (20, 130, 250, 260, True)])
-def test_fused_panel_products(width, rows, nc, ldc, aligned):
+@pytest.mark.parametrize("width,rows,nc,ldc,aligned,cluster", [
+    (32, 1024, 96, 1024, True, 1), (32, 1024, 96, 1024, False, 1), (32, 37, 70, 104, True, 1),
+    (32, 37, 70, 101, False, 1), (16, 700, 33, 64, True, 1), (5, 300, 1, 7, False, 1), (1, 129, 40, 48, True, 1),
+    (8, 2000, 250, 257, False, 1), (20, 130, 250, 260, True, 1), (32, 1024, 96, 1024, True, 2),
+    (32, 1000, 40, 101, False, 4), (5, 2000, 250, 260, True, 8), (16, 9, 33, 64, True, 8)])
+def test_fused_panel_products(width, rows, nc, ldc, aligned, cluster):
     """The fused kernel against float64: C -= V (Z^T C) on nc columns of C (rows x ldc per matrix, from column 4
     with every leading dimension a multiple of 4: its 16-byte path; else from column 3), the columns around them
-    untouched."""
+    untouched; with a cluster, the rows split over its blocks (9 rows over 8: some blocks have none)."""
     import cupy
 
     from qrgen import codegen, compile as qcompile
     from qrgen.runtime import _FUSED_PARAMS, _PackedArgs
 
-    rendered = codegen.render_fused(codegen.fused_kernel(width))
+    kernel = codegen.fused_kernel(width, cluster)
+    rendered = codegen.render_fused(kernel)
     binary = qcompile.compile_source(rendered.name, rendered.source, "sm_90")
     module = cupy.cuda.function.Module()
     module.load(binary.cubin)
@@ -263,9 +264,11 @@ def test_fused_panel_products(width, rows, nc, ldc, aligned):
     values = (zg.data.ptr, zld, width * zld, vg.data.ptr, vld, width * vld, cg.data.ptr + 4 * col, ldc, rows * ldc,
               rows, nc)
     args = _PackedArgs(_FUSED_PARAMS, values)
-    cupy.cuda.driver.launchKernel(func.ptr, -(-nc // 32), batch, 1, codegen.FUSED_THREADS, 1, 1,
-                                  codegen.fused_layout(width)["shared_bytes"], cupy.cuda.get_current_stream().ptr,
-                                  args.address, 0)
+    if kernel.shared_bytes > 48 * 1024:
+        cupy.cuda.driver.funcSetAttribute(func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          kernel.shared_bytes)
+    cupy.cuda.driver.launchKernel(func.ptr, -(-nc // 32), batch, cluster, codegen.FUSED_THREADS, 1, 1,
+                                  kernel.shared_bytes, cupy.cuda.get_current_stream().ptr, args.address, 0)
     out = cupy.asnumpy(cg).astype(np.float64)
     z64, v64, c64 = zt[:, :, :rows].astype(np.float64), vt[:, :, :rows].astype(np.float64), c.astype(np.float64)
     part = c64[:, :, col:col + nc]

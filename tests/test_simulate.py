@@ -83,9 +83,20 @@ def test_fused_panel_products():
     assert {e[1] for e in gemms} == {"gram", "aggregate", "project", "update"}
     assert {e[2] for e in gemms if e[1] in ("project", "update")} == {"tf32"}
     assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["panel_update"] == "fused"
-    assert [k.name for k in codegen.plan(schedule)[0] if k.variant == "fused"] == ["qr_fused_w20"]
+    assert [k.name for k in codegen.plan(schedule)[0] if k.variant == "fused"] == [
+        "qr_fused_w20", "qr_fused_w20_c2", "qr_fused_w20_c4", "qr_fused_w20_c8"]
     with pytest.raises(ValueError, match="'fused' takes panels of at most 32"):
         _uniform(128, 128, 64, panel_update="fused", variant="cols")
+
+
+def test_fused_cluster_choice():
+    """A fused launch splits its rows over a cluster where its 32-column blocks leave SMs idle: the most blocks per
+    cluster (up to 8) within two resident blocks per SM of 132, at least 128 rows a block."""
+    from qrgen.runtime import fused_cluster
+
+    cases = {(60, 96, 1024): 1, (60, 64, 1024): 2, (60, 32, 1024): 4, (60, 32, 200): 1, (640, 32, 512): 1,
+             (8, 96, 2048): 8, (2, 120, 4096): 8, (1, 1000, 1000): 4, (1, 32, 100): 1}
+    assert {case: fused_cluster(*case, 132) for case in cases} == cases
 
 
 def test_aggregates_do_rank_a_updates():

@@ -11,6 +11,7 @@
 // or per column of V (update). W's rows are padded to 32 (zeros), so any width up to 32 works. Blocks of
 // 256 threads.
 // Target: sm_90.
+
 #define WIDTH 32
 #define WP 32                      // W's rows, padded
 #define BN 32                      // columns of C per block
@@ -22,6 +23,7 @@
 #define RT2 128                    // rows per update chunk: 8 threads across the columns, 4 rows each
 #define S1 4                      // projection chunks in shared memory (S1 - 1 in flight)
 #define S2 2                      // update chunks
+#define CL 1                      // blocks per cluster: the rows split over them
 #define NZ (WP * RT1 / THREADS)          // Z^T's floats per thread and projection chunk
 #define NC (RT1 * BN / THREADS)          // C's
 #define NV (WP * RT2 / THREADS)          // V^T's per update chunk
@@ -44,6 +46,7 @@ struct FusedShared {
     float v[S2][WP][RT2 + 4];
   } x;
   float w[WP][BN];
+
 };
 static_assert(sizeof(FusedShared) == 38912, "the launch's dynamic shared memory (codegen.fused_layout)");
 
@@ -65,6 +68,7 @@ __device__ __forceinline__ void copy4(float* dst, const float* src, const bool o
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
 
 
 // Rows [r, r + 4) of a row of `rows` floats from r, in floats: 0 to 4.
@@ -143,6 +147,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
   vt += b * vs;
   c += b * cs + col0;
   const int cols = min(BN, nc - col0);
+
   // 16-byte copies and accesses where every row of every operand starts 16-byte aligned (the same for all blocks)
   const bool vec = ((reinterpret_cast<unsigned long long>(zt) | reinterpret_cast<unsigned long long>(vt) |
                      reinterpret_cast<unsigned long long>(c)) & 15) == 0 && ((zld | vld | ldc) & 3) == 0;
@@ -195,6 +200,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
   }
   __syncthreads();  // the partial sums read: their space takes V^T's chunks
 
+  const float (&wsum)[WP][BN] = sm.w;
+
+
   // C -= V W: thread (rq, jl) updates rows 4 rq .. 4 rq + 3 of each chunk in columns 4 jl .. 4 jl + 3 (one 16-byte
   // access a row where they are all in C and aligned).
   const int rq = t / 8, j0 = 4 * jl;
@@ -229,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
     for (int kk = 0; kk < WP; ++kk) {
       float vr[4], wr[4];
       unpack(vr, *reinterpret_cast<const float4*>(&sm.x.v[buf][kk][4 * rq]));
-      unpack(wr, *reinterpret_cast<const float4*>(&sm.w[kk][j0]));
+      unpack(wr, *reinterpret_cast<const float4*>(&wsum[kk][j0]));
 #pragma unroll
       for (int u = 0; u < 4; ++u)
 #pragma unroll
@@ -251,4 +259,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
     }
   }
   asm volatile("cp.async.wait_group 0;");
+
 }
