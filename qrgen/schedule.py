@@ -467,12 +467,12 @@ def _fits(rows: int, panel: Panel) -> bool:
 
 def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:
     """fp32 everywhere, except the aggregates' products (long sums over many columns) in tf32 from TF32_FROM
-    columns where the panels' own products stay fp32 (split). Measured on the H200 over a mixed batch of every
+    columns where the panels' own products stay fp32 (split or fused). Measured on the H200 over a mixed batch of every
     stress family (BENCHMARKS.md, 2026-11-30): worst factor 4.66 at 8 x 2048² and 2.29 at 2 x 4096² (gate 20,
     tuning margin 10); graph replay 11.07 -> 9.62 ms and 25.8 -> 21.9 ms. Other aggregates' products in tf32x3
     (fp32-class: three tf32 products over high parts and remainders): 60 x 1024² graph replay 5,594 -> 4,900 us,
     640 x 512² 7,858 -> 7,528 (BENCHMARKS.md, twelfth session)."""
-    if aggregate and panel_update == "split" and problem.k >= TF32_FROM:
+    if aggregate and panel_update in ("split", "fused") and problem.k >= TF32_FROM:
         return Precision(project="tf32", update="tf32")
     if aggregate:
         return Precision(project="tf32x3", update="tf32x3")
@@ -502,8 +502,8 @@ def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
 # 16-wide panels (1 x 2048²: 9.1 against 6.8 ms) or the matrix is small (40 x 352²: 1.86 against 1.36 ms).
 # The split panel products (scripts/skinny_bench.py, H200): 5.9x faster than cuBLAS for 2 matrices of 4096 rows
 # with 8-wide panels, 2.4x for 8 of 2048 rows, slower from about 60 matrices on and even at one (cuBLAS splits K
-# itself there): used with aggregates (at most 4 tiles of 32 columns per panel) for 2 to 8 matrices.
-SPLIT_BATCHES = (2, 8)
+# itself there). The default for 2 to 8 aggregated matrices until the fused kernel split its rows over clusters
+# (fifteenth session: faster at 2 x 1024², 4 and 8 x 2048², 2 x 4096²; default_panel_update); the tuner keeps it.
 LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
@@ -520,20 +520,22 @@ def default_aggregate(problem: Problem) -> int:
     return 0
 
 
-FUSED_FROM = 4  # matrices from which the panels' own products default to the fused kernel ...
-FUSED_MAX_ROWS = 1024  # ... up to this many rows (a block per 32 columns walks every row; measured up to 1024)
+FUSED_MAX_ROWS = 4096  # rows up to which the panels' own products default to the fused kernel ...
+FUSED_MAX_SINGLE = 4096 * 1024  # ... except one matrix of more elements than this (cuBLAS there)
 
 
 def default_panel_update(problem: Problem, aggregate: int) -> str:
-    """"split" for 2 to 8 matrices with aggregates; else "fused" from FUSED_FROM matrices of up to FUSED_MAX_ROWS
-    rows, measured on the H200 against cuBLAS's pair (graph replay, default or committed schedules, BENCHMARKS.md,
-    fourteenth session): 4 x 512² 973 -> 917 us, 10 x 1000² 3,507 -> 3,255, 16 x 256² 334 -> 303, 40 x 176²
-    207 -> 192, 100 x 128² 144 -> 136, 200 x 96² 119 -> 115, 60 x 1024² 4,695 -> 4,384; one matrix of 1000² 2,376
-    -> 2,572 (one block per 32 columns walks every row), so cuBLAS below FUSED_FROM and for taller matrices, where
-    few blocks would walk many rows (not measured)."""
-    if aggregate and SPLIT_BATCHES[0] <= problem.batch <= SPLIT_BATCHES[1]:
-        return "split"
-    return "fused" if problem.batch >= FUSED_FROM and problem.m <= FUSED_MAX_ROWS else "cublas"
+    """"fused" (its launches split the rows over clusters where the 32-column blocks leave SMs idle) up to
+    FUSED_MAX_ROWS rows, else cuBLAS. Measured on the H200 against cuBLAS's pair and the split kernels (graph
+    replay, default or committed schedules, same run; BENCHMARKS.md, fifteenth session): 1 x 1000² 2,384 -> 2,283
+    us, 3 x 1000² 2,682 -> 2,453, 2 x 512² 965 -> 878, 1 x 2048² 3,600 -> 3,320, 1 x 4096x1024 2,973 -> 2,890,
+    16 x 2048² 13,700 -> 12,325; against split: 2 x 1024² 3,027 -> 2,882, 4 x 2048² 6,820 -> 6,428, 8 x 2048²
+    5,330 -> 4,933, 2 x 4096² 11,258 -> 10,645 (fourteenth session, one block per 32 columns, from 4 matrices of up
+    to 1,024 rows: 60 x 1024² 4,695 -> 4,384, 40 x 176² 207 -> 192). Slower: 1 x 4096² (9,546 -> 9,676, hence
+    FUSED_MAX_SINGLE), 1 x 8192x512 (1,617 -> 1,705) and tsqr's 1 x 40000x256 (1,885 -> 2,900)."""
+    if problem.m > FUSED_MAX_ROWS or (problem.batch == 1 and problem.m * problem.n > FUSED_MAX_SINGLE):
+        return "cublas"
+    return "fused"
 
 
 def default_cluster(problem: Problem) -> int:

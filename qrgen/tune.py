@@ -361,7 +361,7 @@ def study_name(problem: Problem, target: Target, device: str) -> str:
 
 def _variations(problem: Problem) -> list[dict]:
     """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
-    sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split): the NumPy reference with
+    sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy reference with
     tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate 20, tuning
     margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
     precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows
@@ -371,7 +371,7 @@ def _variations(problem: Problem) -> list[dict]:
     found = []
     if params["aggregate"] and problem.k >= 2048:
         other = "fp32" if params["project"] == "tf32" else "tf32"
-        found.append({**params, "project": other, "update": other, "panel_update": "split"})
+        found.append({**params, "project": other, "update": other})
     if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
         shared = ("aggregate", "panel_update", *STAGES) + (("lookahead",) if "lookahead" in params else ())
         rows = {**DEFAULT_PARAMS, **{key: params[key] for key in shared}}

@@ -137,7 +137,8 @@ def test_skipping_stages_leaves_the_others():
 
 def test_split_panel_products():
     """panel_update "split": the panels' own products go to the split kernels in fp32 (whatever the precision of
-    the aggregates' products), the aggregates' through cuBLAS; the default picks it for 2 to 8 aggregated matrices."""
+    the aggregates' products), the aggregates' through cuBLAS. The default takes the fused kernel up to 4,096 rows
+    (one matrix: up to 4096 x 1024), with the aggregates' products in tf32 from 2,048 columns as with split."""
     from qrgen.runtime import split_rows
 
     schedule = _uniform(200, 150, 8, aggregate=64, precision=Precision("fp32", "tf32", "tf32"), panel_update="split")
@@ -149,13 +150,15 @@ def test_split_panel_products():
     assert {e[2] for e in gemms if e[3] == "cublas" and e[1] in ("project", "update")} == {"tf32"}
     assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["panel_update"] == "split"
     assert "panel_update" not in _uniform(100, 100, 20).to_json()
-    assert default_schedule(Problem(4096, 4096, 2)).panel_update == "split"
-    assert default_schedule(Problem(2048, 2048, 8)).panel_update == "split"
-    for problem in (Problem(4096, 4096, 1), Problem(1000, 1000, 1), Problem(352, 352, 3), Problem(8192, 512, 8),
-                    Problem(4096, 64, 64)):
+    for problem in (Problem(4096, 4096, 2), Problem(2048, 2048, 8)):
+        chosen = default_schedule(problem)
+        assert chosen.panel_update == "fused" and chosen.precision == Precision("fp32", "tf32", "tf32")
+    for problem in (Problem(4096, 4096, 1), Problem(4097, 1000, 1), Problem(8192, 512, 8), Problem(40000, 256, 1)):
         assert default_schedule(problem).panel_update == "cublas"
-    for problem in (Problem(1024, 1024, 60), Problem(352, 352, 4), Problem(512, 512, 640)):
+    for problem in (Problem(1024, 1024, 60), Problem(352, 352, 3), Problem(512, 512, 640), Problem(1000, 1000, 1),
+                    Problem(4096, 1024, 1), Problem(2048, 2048, 1), Problem(4096, 64, 64)):
         assert default_schedule(problem).panel_update == "fused"
+    assert default_schedule(Problem(1024, 1024, 60)).precision.update == "tf32x3"  # under 2,048 columns
     with pytest.raises(ValueError, match="panel_update"):
         _uniform(100, 100, 20, panel_update="splitk")
     # about two blocks per SM of 132, whole tiles of 64 rows, every row covered once

@@ -219,15 +219,15 @@ def test_time_limit_stops_starting_trials(tmp_path):
 
 
 def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
-    """From 2048 columns with aggregates the default has tf32 aggregate products (panels' own fp32: split) and the
+    """From 2048 columns with aggregates the default has tf32 aggregate products (panels' own fp32: fused) and the
     second trial is the same schedule in fp32; for up to 16 matrices, clusters follow (not for 60)."""
     problem = Problem(2048, 2048, 8)
     default = default_params(problem)
-    assert default["project"] == default["update"] == "tf32" and default["panel_update"] == "split"
+    assert default["project"] == default["update"] == "tf32" and default["panel_update"] == "fused"
     result = tune(problem, Target(), 2, ModelEvaluator(problem), _storage(tmp_path), log=lambda _: None)
     study = optuna.load_study(study_name=result.study_name, storage=_storage(tmp_path))
     second = study.trials[1].params
-    assert second["project"] == second["update"] == "fp32" and second["panel_update"] == "split"
+    assert second["project"] == second["update"] == "fp32" and second["panel_update"] == "fused"
     assert {k: v for k, v in second.items() if k not in ("project", "update")} == {
         k: v for k, v in default.items() if k not in ("project", "update")}
 
