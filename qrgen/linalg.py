@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from . import qmatrix
+from . import codegen, qmatrix
 from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
 from .schedule import check_precision
 
@@ -25,9 +25,15 @@ def keeps_q(schedule, launches: int, q_floats: int) -> bool:
     """Whether qr forms Q from a keep plan of `schedule` (runtime.drive_q) rather than from h and tau by
     qrgen.qmatrix. Only where every kept T comes from an fp32-class Gram matrix (Precision.gram fp32: the
     aggregates' G then fp32 or tf32x3), since Q's orthogonality is T's accuracy; then for aggregates, for one
-    panel, or for a Q of up to KEEP_MAX_FLOATS floats."""
+    panel, or for a Q of up to KEEP_MAX_FLOATS floats. Not where an aggregate is wider than
+    codegen.TMAT_BLOCKED_MAX: its T (which the factorization alone never forms when no columns lie right of it)
+    would come from the one-thread-a-row kernel. Measured on the H200 at 40 x 176² (one aggregate of all 176
+    columns; BENCHMARKS.md, fifteenth session, graph replay): qr through the keep plan 793 us, geqrf then
+    householder_product 325."""
     exact = schedule.precision.gram == "fp32" or (
         not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
+    if min(schedule.aggregate, schedule.m, schedule.n) > codegen.TMAT_BLOCKED_MAX:
+        return False
     return exact and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)
 
 
