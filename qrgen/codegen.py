@@ -85,7 +85,8 @@ SPLIT_TILE = 64
 FUSED_THREADS = 256
 FUSED_MIN_BLOCKS = 2  # resident blocks per SM the compiler plans registers for (128 a thread)
 FUSED_ROWS = 32  # rows per projection chunk (at least: 4 per thread group)
-FUSED_CLUSTERS = (1, 2, 4, 8)  # blocks per cluster that split the rows (runtime.fused_cluster picks one per launch)
+FUSED_CLUSTERS = (1, 2, 4, 8)  # blocks per cluster that split the rows (fused_cluster picks one per launch)
+FUSED_MIN_ROWS = 128  # rows per block at least, where a fused launch splits the rows over a cluster
 FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside them)
 TMAT_KERNEL = "qr_tmat"
 SCALE_KERNEL = "qr_scale"
@@ -450,6 +451,16 @@ def fused_layout(width: int, cluster: int = 1) -> dict:
     union = max(s1 * (wp * (rt1 + 4) + rt1 * 32), groups * wp * 32, s2 * wp * (rt2 + 4))
     w, wt = wp * 32, (wp * 32 if cluster > 1 else 0)  # W, and the cluster's total W
     return dict(wp=wp, rt1=rt1, rt2=rt2, s1=s1, s2=s2, cl=cluster, shared_bytes=4 * (union + w + wt))
+
+
+def fused_cluster(batch: int, nc: int, rows: int, sms: int) -> int:
+    """Blocks per cluster of a fused launch (FUSED_CLUSTERS): the most that keep it within two resident
+    blocks per SM, each block FUSED_MIN_ROWS rows or more; 1 where the blocks of 32 columns fill the GPU alone."""
+    tiles, cluster = -(-nc // 32), 1
+    while (2 * cluster in FUSED_CLUSTERS and batch * tiles * 2 * cluster <= 2 * sms
+           and rows >= 2 * cluster * FUSED_MIN_ROWS):
+        cluster *= 2
+    return cluster
 
 
 def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:

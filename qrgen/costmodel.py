@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .codegen import aggregates, fused_layout, plan
+from .codegen import aggregates, fused_cluster, fused_layout, plan
 from .problem import Problem
 from .schedule import Schedule
 
@@ -84,15 +84,18 @@ def _split_us(rows: int, cols: int, width: int, batch: int, passes: int) -> floa
 # The fused panel products (one block per 32 columns per matrix, two resident per SM): about 0.027 µs a row for a
 # block alone at width 32, slower where blocks share SMs. Fitted to the 60 x 1024² panels' launches on the H200
 # (scripts/lanes_timeline.py, fourteenth session): 1024 rows, 32, 64 and 96 columns (60, 120, 180 blocks) 32, 33
-# and 50 µs.
+# and 50 µs. Where a launch splits the rows over a cluster (codegen.fused_cluster) each block walks its share of
+# them, the blocks' partial W added for free (not fitted: the launches on clusters were timed only as whole
+# factorizations, BENCHMARKS.md, fifteenth session).
 FUSED_US_PER_ROW = 0.027
 FUSED_FIXED_US = 5.0
 
 
 def _fused_us(rows: int, cols: int, width: int, batch: int) -> float:
-    load = max(1.0, batch * math.ceil(cols / 32) / SMS)
+    cluster = fused_cluster(batch, cols, rows, SMS)
+    load = max(1.0, batch * math.ceil(cols / 32) * cluster / SMS)
     wp = fused_layout(width)["wp"]
-    return FUSED_FIXED_US + rows * FUSED_US_PER_ROW * (0.25 + 0.75 * wp / 32) * load ** 1.4
+    return FUSED_FIXED_US + -(-rows // cluster) * FUSED_US_PER_ROW * (0.25 + 0.75 * wp / 32) * load ** 1.4
 
 
 def _tsqr_us(L, batch: int, registers: int) -> float:

@@ -672,19 +672,6 @@ class _PackedArgs:
         self.values[index].value = value
 
 
-FUSED_MIN_ROWS = 128  # rows per block at least, where a fused launch splits the rows over a cluster
-
-
-def fused_cluster(batch: int, nc: int, rows: int, sms: int) -> int:
-    """Blocks per cluster of a fused launch (codegen.FUSED_CLUSTERS): the most that keep it within two resident
-    blocks per SM, each block FUSED_MIN_ROWS rows or more; 1 where the blocks of 32 columns fill the GPU alone."""
-    tiles, cluster = -(-nc // 32), 1
-    while (2 * cluster in codegen.FUSED_CLUSTERS and batch * tiles * 2 * cluster <= 2 * sms
-           and rows >= 2 * cluster * FUSED_MIN_ROWS):
-        cluster *= 2
-    return cluster
-
-
 def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
     """(blocks along the rows, rows per block) of a split projection: about two blocks per SM over the batch and
     the 32-column tiles, each block at least SPLIT_TILE rows (a multiple of it)."""
@@ -881,7 +868,7 @@ class _CupyEngine:
         """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
         (timed as the stage "project")."""
         stop = self._mark("project", None)
-        cluster = fused_cluster(self.nb, nc, rows, self.ws.sms)
+        cluster = codegen.fused_cluster(self.nb, nc, rows, self.ws.sms)
         name = codegen.fused_name(width, cluster)
         _, func = self.funcs[name]
         ptr = self.ptrs

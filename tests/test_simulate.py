@@ -92,11 +92,16 @@ def test_fused_panel_products():
 def test_fused_cluster_choice():
     """A fused launch splits its rows over a cluster where its 32-column blocks leave SMs idle: the most blocks per
     cluster (up to 8) within two resident blocks per SM of 132, at least 128 rows a block."""
-    from qrgen.runtime import fused_cluster
+    from qrgen.codegen import fused_cluster
 
     cases = {(60, 96, 1024): 1, (60, 64, 1024): 2, (60, 32, 1024): 4, (60, 32, 200): 1, (640, 32, 512): 1,
              (8, 96, 2048): 8, (2, 120, 4096): 8, (1, 1000, 1000): 4, (1, 32, 100): 1}
     assert {case: fused_cluster(*case, 132) for case in cases} == cases
+    # the cost model walks a block's share of the rows: less time where a cluster splits them, same where none does
+    from qrgen.costmodel import FUSED_FIXED_US, FUSED_US_PER_ROW, _fused_us
+
+    assert _fused_us(2048, 1000, 32, 1) < (FUSED_FIXED_US + 2048 * FUSED_US_PER_ROW) / 2
+    assert _fused_us(1024, 96, 32, 60) == pytest.approx(FUSED_FIXED_US + 1024 * FUSED_US_PER_ROW * (180 / 132) ** 1.4)
 
 
 def test_aggregates_do_rank_a_updates():
