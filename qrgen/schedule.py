@@ -524,7 +524,7 @@ FUSED_MAX_ROWS = 4096  # rows up to which the panels' own products default to th
 FUSED_MAX_SINGLE = 4096 * 1024  # ... except one matrix of more elements than this (cuBLAS there)
 
 
-def default_panel_update(problem: Problem, aggregate: int) -> str:
+def default_panel_update(problem: Problem) -> str:
     """"fused" (its launches split the rows over clusters where the 32-column blocks leave SMs idle) up to
     FUSED_MAX_ROWS rows, else cuBLAS. Measured on the H200 against cuBLAS's pair and the split kernels (graph
     replay, default or committed schedules, same run; BENCHMARKS.md, fifteenth session): 1 x 1000² 2,384 -> 2,283
@@ -588,7 +588,7 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
         return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
     cluster = default_cluster(problem) if clustered else 0
     aggregate = 0 if cluster else default_aggregate(problem)
-    update = default_panel_update(problem, aggregate)
+    update = default_panel_update(problem)
     precision = default_precision(problem, aggregate, update)
     return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem),
                           default_lookahead(problem, aggregate, precision))

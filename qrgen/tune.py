@@ -81,8 +81,7 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
     if default_tsqr(problem):
-        params.update(family="tsqr", tsqr_head=TSQR_PANEL["width"], tsqr_threads=TSQR_PANEL["threads"],
-                      tsqr_tile=TSQR_PANEL["tile"])
+        params.update(family="tsqr", **TSQR_WARM)
         del params["rows_head"], params["cluster"]
     elif c.cluster:  # lanes panels on clusters where they fit, rows panels on clusters elsewhere (cluster_lanes_panel)
         params.update(family="lanes", lanes_head=32, lane_slots=CLUSTER_LANE_SLOTS, lanes_cluster=c.cluster)
@@ -361,12 +360,12 @@ def study_name(problem: Problem, target: Target, device: str) -> str:
 
 def _variations(problem: Problem) -> list[dict]:
     """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
-    sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy reference with
-    tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate 20, tuning
-    margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and
-    precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows
-    per warp); where the default has clusters, the default
-    without them; where it has warp or rows panels, the other column loop; with aggregates, the other lookaheads."""
+    sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
+    reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
+    20, tuning margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's
+    aggregates and precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8
+    (16 and 32 rows per warp); where the default has clusters, the default without them; where it has warp or rows
+    panels, the other column loop; with aggregates, the other lookaheads."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:

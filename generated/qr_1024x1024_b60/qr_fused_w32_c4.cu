@@ -93,12 +93,25 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
 }
 
 
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return remote;
+}
+
+
 __device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
-  unsigned remote, rbar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(remote), "r"(__float_as_uint(v)), "r"(rbar) : "memory");
+               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
+}
+
+
+__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(peer_address(p, rank)) : "memory");
+  return v;
 }
 
 
@@ -271,18 +284,6 @@ __device__ __forceinline__ void copy4(float* dst, const float* src, const bool o
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-
-
-
-// 16 bytes at the address of `p` in the shared memory of cluster block `rank`.
-__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote)
-               : "memory");
-  return v;
-}
 
 
 // Rows [r, r + 4) of a row of `rows` floats from r, in floats: 0 to 4.

@@ -70,7 +70,6 @@ __device__ __forceinline__ void copy4(float* dst, const float* src, const bool o
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
 
 
-
 // Rows [r, r + 4) of a row of `rows` floats from r, in floats: 0 to 4.
 __device__ __forceinline__ int quad(const int r, const int rows) { return max(0, min(4, rows - r)); }
 

@@ -81,12 +81,25 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
 }
 
 
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return remote;
+}
+
+
 __device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
-  unsigned remote, rbar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(remote), "r"(__float_as_uint(v)), "r"(rbar) : "memory");
+               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
+}
+
+
+__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(peer_address(p, rank)) : "memory");
+  return v;
 }
 
 
