@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from . import codegen, qmatrix
+from . import codegen, qmatrix, replay
 from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
 from .schedule import check_precision
 
@@ -128,29 +128,41 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
             q, r = fac.run_qr(data.reshape(batch, m, n), stream)
         return arr.wrap(q.reshape(*lead, m, n)), arr.wrap(r.reshape(*lead, n, n))
     qcols = m if mode == "complete" else min(m, n)
-    keep = None
-    if mode in ("reduced", "complete") and fac is not None and keeps_q(fac.schedule, len(fac.launches),
-                                                                       batch * m * qcols):
-        keep = fac.keep_variant()
-    if keep is not None:  # Q from the factorization's kept panels or aggregates: two GEMMs each (runtime.drive_q)
-        import cupy
+    if fac is None or mode == "raw":
+        h, tau = factor_device(fac, arr)
+        if mode == "raw":
+            return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
+        with on_caller_stream(arr):
+            out = _q_and_r(h.reshape(batch, m, n), tau.reshape(batch, -1), mode)
+    else:
+        keep = None
+        if mode in ("reduced", "complete") and keeps_q(fac.schedule, len(fac.launches), batch * m * qcols):
+            keep = fac.keep_variant()
 
-        with on_caller_stream(arr) as stream:
+        def run(stream, x):
+            if keep is None:
+                return _q_and_r(*fac.run(x, stream), mode)
+            import cupy  # Q from the factorization's kept panels or aggregates: two GEMMs each (runtime.drive_q)
+
             q = cupy.zeros((batch, m, qcols), dtype=cupy.float32)
             qmatrix._set_diagonal(q, 1)
-            h, _ = keep.run(data.reshape(batch, m, n), stream, q=q)
-            r = qmatrix.r_factor(h, complete=mode == "complete")
-        return arr.wrap(q.reshape(*lead, m, qcols)), arr.wrap(r.reshape(*lead, -1, n))
-    h, tau = factor_device(fac, arr)
-    if mode == "raw":
-        return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
-    with on_caller_stream(arr):
-        h3 = h.reshape(batch, m, n)
-        r = qmatrix.r_factor(h3, complete=mode == "complete").reshape(*lead, -1, n)
-        if mode == "r":
-            return arr.wrap(r)
-        q = qmatrix.householder_product(h3, tau.reshape(batch, -1), mode == "complete")
-    return arr.wrap(q.reshape(*lead, m, q.shape[-1])), arr.wrap(r)
+            h, _ = keep.run(x, stream, q=q)
+            return q, qmatrix.r_factor(h, complete=mode == "complete")
+
+        with on_caller_stream(arr) as stream:
+            x = data.reshape(batch, m, n)
+            if replay.applies(None, x.size):
+                out = replay.call(("qr", id(fac), mode), run, (x,), stream, owner=fac)
+            else:
+                out = run(stream, x)
+    r = arr.wrap(out[-1].reshape(*lead, -1, n))
+    return r if mode == "r" else (arr.wrap(out[0].reshape(*lead, m, qcols)), r)
+
+
+def _q_and_r(h, tau, mode: str) -> tuple:
+    """qr's results from geqrf's h (batch, m, n) and tau (batch, k): (r,) for mode "r", else (q, r)."""
+    r = qmatrix.r_factor(h, complete=mode == "complete")
+    return (r,) if mode == "r" else (qmatrix.householder_product(h, tau, mode == "complete"), r)
 
 
 def lstsq(a, b, *, precision: str | None = None, factorizer=None):
@@ -170,10 +182,22 @@ def lstsq(a, b, *, precision: str | None = None, factorizer=None):
                          f"{tuple(ad.shape[:-2])} and m = {m}; got {tuple(bd.shape)}")
     lead = ad.shape[:-2]
     batch = math.prod(lead)
-    h, tau = factor_device(_factorizer(m, n, batch, ad.device.id, factorizer, precision), arrs["a"])
-    with on_caller_stream(arrs["a"]):
+    fac = _factorizer(m, n, batch, ad.device.id, factorizer, precision)
+    if fac is None:
+        h, tau = factor_device(fac, arrs["a"])
+    with on_caller_stream(arrs["a"]) as stream:
         rhs = bd.reshape(batch, m, 1) if vector else bd.reshape(batch, m, -1)
-        x, res = qmatrix.lstsq(h.reshape(batch, m, n), tau.reshape(batch, -1), rhs)
+        if fac is None:
+            x, res = qmatrix.lstsq(h.reshape(batch, m, n), tau.reshape(batch, -1), rhs)
+        else:
+            def run(s, a3, b3):
+                return qmatrix.lstsq(*fac.run(a3, s), b3)
+
+            a3 = ad.reshape(batch, m, n)
+            if replay.applies(None, a3.size + rhs.size):
+                x, res = replay.call(("lstsq", id(fac)), run, (a3, rhs), stream, owner=fac)
+            else:
+                x, res = run(stream, a3, rhs)
         x = x.reshape(*lead, n) if vector else x.reshape(*lead, n, -1)
         res = res.reshape(*lead) if vector else res.reshape(*lead, -1)
     return arrs["a"].wrap(x), arrs["a"].wrap(res)

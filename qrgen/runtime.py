@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen, cublas
+from . import codegen, cublas, replay
 from .compile import Binary, compile_many
 from .problem import Problem, Target
 from .schedule import Schedule, check_precision, find
@@ -112,6 +112,9 @@ class Factorizer:
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
         self._workspaces: dict[tuple, "_Workspace"] = {}
         self._keep_variant: "Factorizer | None | bool" = False  # not yet made (keep_variant)
+        # One kernel launch and nothing else: an eager call queues no more than a graph replay would.
+        self.one_launch = direct and not self.launches[0].levels and (
+            self.launches[0].blocks == 1 or self.launches[0].cluster)
 
     def keep_variant(self) -> "Factorizer | None":
         """The same schedule as a keep plan, for qr's Q (made once); None where a keep plan does not apply (a panel
@@ -268,7 +271,11 @@ def factor_device(fac: "Factorizer | None", arr: _Array):
     with on_caller_stream(arr) as stream:
         batch = math.prod(lead)
         if batch and m and n:
-            h, tau = fac.run(data if len(lead) == 1 else data.reshape(batch, m, n), stream)
+            x = data if len(lead) == 1 else data.reshape(batch, m, n)
+            if replay.applies(fac, x.size):
+                h, tau = replay.call(("geqrf", id(fac)), lambda s, y: fac.run(y, s), (x,), stream, owner=fac)
+            else:
+                h, tau = fac.run(x, stream)
         else:
             h = cupy.empty((batch, m, n), dtype=cupy.float32)
             tau = cupy.empty((batch, k), dtype=cupy.float32)

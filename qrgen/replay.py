@@ -1,0 +1,114 @@
+"""CUDA-graph replay of host-bound calls: a call of a small shape queues many launches, and the host's time to queue
+them (Python, CuPy, the driver: 10-20 us each) exceeds the GPU's time to run them. From the second call of one kind
+(function, shapes, device, stream) on, such a call copies its inputs into buffers of its own, replays a CUDA graph
+captured once from the same launch sequence on those buffers, and copies the graph's outputs into new arrays for
+the caller: three to five host operations instead of dozens, for two copies of data that is small by construction.
+
+The graph's buffers, workspace and temporaries come from a memory pool of its own, so that nothing allocated after
+the capture can take memory the graph still writes. A plan serves one stream (replays on it are ordered by the
+stream; the lock keeps each call's copy-in, replay and copy-out together). Calls made while the caller's stream is
+being captured (the caller's own graph) run eagerly, as do all calls with QRGEN_REPLAY=0 in the environment.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+REPLAY_MAX_FLOATS = 1 << 22  # inputs up to this many floats (16 MiB): the copies cost the GPU a few us
+REPLAY_PLANS = 32  # graphs kept at most (each holds a copy of its buffers); calls past them run eagerly
+_ENV = "QRGEN_REPLAY"
+
+
+def enabled() -> bool:
+    return os.environ.get(_ENV, "1") != "0"
+
+
+@dataclass
+class _Plan:
+    calls: int = 0
+    graph: object = None  # cupy.cuda.graph.Graph once captured; None before, False if the capture failed
+    inputs: tuple = ()
+    outputs: tuple = ()
+    keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_LOCK = threading.Lock()
+
+
+def applies(fac, floats: int) -> bool:
+    """Whether a call of runtime.Factorizer `fac` (None: the q and lstsq functions without one) on `floats`
+    floats of input goes by replay: small enough, and more than the one launch an eager call would queue."""
+    return floats <= REPLAY_MAX_FLOATS and (fac is None or not fac.one_launch)
+
+
+def call(key: tuple, fn, arrays: tuple, stream, owner=None) -> tuple:
+    """fn(stream, *arrays) -> tuple of CuPy arrays (queued on `stream`, CuPy's current stream here), by replay
+    where it applies. `key` names what fn does (its function and configuration); the arrays' shapes, the device
+    and the stream are added to it. `owner`: an object fn's launches depend on (kept alive with the graph)."""
+    if not enabled() or stream.is_capturing():
+        return fn(stream, *arrays)
+    key = key + tuple((a.shape, a.dtype.str) for a in arrays) + (arrays[0].device.id, stream.ptr)
+    with _LOCK:
+        plan = _PLANS.get(key)
+        if plan is None and len(_PLANS) < REPLAY_PLANS:
+            plan = _PLANS[key] = _Plan()
+        if plan is not None:
+            plan.calls += 1
+            if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
+                _capture(plan, fn, arrays, owner)
+            if plan.graph:
+                for static, a in zip(plan.inputs, arrays):
+                    _copy(static, a, stream)
+                plan.graph.launch(stream)
+                return tuple(_copy(None, o, stream) for o in plan.outputs)
+    return fn(stream, *arrays)
+
+
+def _copy(dst, src, stream):
+    """src into dst (a new C-contiguous array where dst is None) on `stream`: one driver copy where src is
+    C-contiguous (a CuPy copy kernel costs the host more), else CuPy's copy."""
+    import cupy
+
+    if dst is None:
+        dst = cupy.empty(src.shape, dtype=src.dtype)
+    if src.flags.c_contiguous:
+        cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice,
+                                      stream.ptr)
+    else:
+        dst[...] = src
+    return dst
+
+
+def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
+    """Capture fn on buffers of the plan's own; plan.graph stays False where the capture fails (the calls then
+    run eagerly)."""
+    import cupy
+
+    pool = cupy.cuda.MemoryPool()
+    side = cupy.cuda.Stream(non_blocking=True)  # the legacy default stream cannot be captured
+    plan.graph, plan.keep = False, (pool, side, owner)  # the stream stays alive: workspaces are kept by its address
+    with cupy.cuda.using_allocator(pool.malloc), side:
+        inputs = tuple(cupy.zeros(a.shape, dtype=a.dtype) for a in arrays)
+        fn(side, *inputs)  # once eagerly: workspaces and lazy set-up are made (and zeroed) outside the graph
+        side.synchronize()
+        try:
+            side.begin_capture()
+            try:
+                outputs = fn(side, *inputs)
+            finally:
+                graph = side.end_capture()
+        except Exception:  # a launch sequence that cannot be captured runs eagerly (fn raises again if it is wrong)
+            return
+    plan.graph, plan.inputs, plan.outputs = graph, inputs, tuple(outputs)
+
+
+def clear() -> None:
+    """Drop every plan (after synchronizing the device, so no replay in flight loses its memory)."""
+    import cupy
+
+    with _LOCK:
+        if _PLANS:
+            cupy.cuda.runtime.deviceSynchronize()
+        _PLANS.clear()

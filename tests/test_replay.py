@@ -1,0 +1,103 @@
+"""CUDA-graph replay of host-bound calls (qrgen.replay): which calls take it (no GPU), and on the GPU that replayed
+calls give what eager ones give, call after call, on several streams, without one call's results overwriting
+another's."""
+import numpy as np
+import pytest
+
+import qrgen
+from qrgen import replay
+from qrgen.check import check
+from qrgen.testing import mixed, stress
+
+from test_qmatrix import _q_gates
+
+
+class _Fac:
+    def __init__(self, one_launch):
+        self.one_launch = one_launch
+
+
+def test_which_calls_replay(monkeypatch):
+    monkeypatch.delenv("QRGEN_REPLAY", raising=False)
+    assert replay.enabled()
+    assert replay.applies(_Fac(False), replay.REPLAY_MAX_FLOATS)
+    assert not replay.applies(_Fac(False), replay.REPLAY_MAX_FLOATS + 1)  # the copies would cost more than they save
+    assert not replay.applies(_Fac(True), 1024)  # one launch: nothing to save
+    assert replay.applies(None, 1024)  # qr and lstsq: always several launches
+    monkeypatch.setenv("QRGEN_REPLAY", "0")
+    assert not replay.enabled()
+
+
+def test_one_launch_factorizers():
+    """The one-launch rule on real schedules: one lanes panel reading its input is one launch; panels with
+    products, tsqr's phases or the power-of-two scaling are not."""
+    from qrgen.runtime import factorizer_for
+
+    assert factorizer_for(32, 32, 20, "sm_90").one_launch
+    assert not factorizer_for(176, 176, 40, "sm_90").one_launch
+    assert not factorizer_for(100000, 32, 1, "sm_90").one_launch
+
+
+def _plans(kind):
+    return [p for k, p in replay._PLANS.items() if k[0] == kind]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,batch", [(176, 176, 5), (300, 200, 3), (20000, 32, 1)])
+def test_replayed_calls_match_eager_ones(monkeypatch, m, n, batch):
+    import cupy
+
+    replay.clear()
+    inputs = [cupy.asarray(stress(f, m, n, batch, seed=i)) for i, f in enumerate(("random", "rowscaled", "rankdef"))]
+    monkeypatch.setenv("QRGEN_REPLAY", "0")
+    eager = [qrgen.geqrf(a) for a in inputs]
+    eager_qr = [qrgen.qr(a) for a in inputs]
+    monkeypatch.setenv("QRGEN_REPLAY", "1")
+    got = [qrgen.geqrf(a) for a in inputs + inputs]  # the first call eager, the second captures, then replays
+    got_qr = [qrgen.qr(a) for a in inputs + inputs]
+    assert all(p.graph for p in _plans("geqrf") + _plans("qr")) and len(_plans("qr")) == 1
+    for i, (h, tau) in enumerate(got):  # every result still its own input's: not overwritten by later calls
+        eh, etau = eager[i % 3]
+        scale = float(cupy.abs(eh).max())
+        assert float(cupy.abs(h - eh).max()) <= 1e-5 * scale and float(cupy.abs(tau - etau).max()) <= 1e-5
+        assert check(inputs[i % 3].get(), h, tau).ok
+    for i, (q, r) in enumerate(got_qr):
+        factor, orth = _q_gates(inputs[i % 3].get(), q.get(), r.get())
+        assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())
+        assert float(cupy.abs(q - eager_qr[i % 3][0]).max()) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_replay_per_stream_and_for_torch():
+    """Calls alternating between two streams keep to their own plans; torch tensors on torch's stream replay too."""
+    import cupy
+
+    torch = pytest.importorskip("torch")
+    replay.clear()
+    a, _ = mixed(176, 176, 6, seed=3)
+    b, _ = mixed(176, 176, 6, seed=4)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    results = []
+    for i in range(6):
+        with streams[i % 2]:
+            x = cupy.asarray(a if i % 3 else b)
+            results.append((x.get(), *qrgen.geqrf(x)))
+    for s in streams:
+        s.synchronize()
+    assert len(_plans("geqrf")) == 2
+    for x, h, tau in results:
+        assert check(x, h, tau).ok
+    c = stress("random", 176, 176, 6, seed=5)  # lstsq: full rank
+    t = torch.from_numpy(c).cuda()
+    for _ in range(3):
+        q, r = qrgen.qr(t)
+        assert isinstance(q, torch.Tensor)
+        factor, orth = _q_gates(c, q.cpu().numpy(), r.cpu().numpy())
+        assert (factor <= 20).all() and (orth <= 100).all()
+    x, res = qrgen.lstsq(t, t[..., 0])
+    for _ in range(2):
+        x2, res2 = qrgen.lstsq(t, t[..., 0])
+    assert torch.allclose(x, x2, atol=1e-4) and torch.allclose(res, res2, atol=1e-3)
+    expect = np.zeros((6, 176), dtype=np.float32)
+    expect[:, 0] = 1.0  # b is a's first column
+    assert np.allclose(x2.cpu().numpy(), expect, atol=1e-3)
