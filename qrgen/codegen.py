@@ -91,9 +91,12 @@ FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside 
 TMAT_KERNEL = "qr_tmat"
 SCALE_KERNEL = "qr_scale"
 SCALE_THREADS = 256
-TMAT_THREADS = 1024  # threads per matrix (block products over 4x more threads than 256; 64 registers, 0 spills); past
-# TMAT_BLOCKED_MAX one thread per reflector (schedule.MAX_AGGREGATE: 256)
-TMAT_BLOCKED_MAX = 128  # up to this many columns T is built by blocks in shared memory (templates/cuda/tmat.cuh.j2)
+TMAT_THREADS = 1024  # threads per matrix (block products over 4x more threads than 256; 64 registers, 0 spills)
+# The T kernel (templates/cuda/tmat.cuh.j2) builds T by blocks in shared memory for up to TMAT_BLOCKED_MAX reflectors,
+# and for up to TMAT_MAX (schedule.MAX_AGGREGATE, qrgen.qmatrix's blocks) by halves of at most TMAT_BLOCKED_MAX each
+# and the corner between them.
+TMAT_BLOCKED_MAX = 128
+TMAT_MAX = 2 * TMAT_BLOCKED_MAX
 
 
 # The trailing update's products in tf32x3 (templates/cuda/gemm3.cu.j2, cp.async-pipelined): tiles, warps, K per step,
@@ -169,10 +172,15 @@ def render_gemm3(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
 
 
 def tmat_shared_bytes(a: int) -> int:
-    """Dynamic shared memory of the T kernel for `a` reflectors: G and T with a's rows rounded up to whole
-    32-blocks (G's rows TMAT_BLOCKED_MAX floats, T's a padded by one), X (at most (a - 32) x 32)."""
-    blocks = -(-a // 32)
-    return 4 * 32 * blocks * (TMAT_BLOCKED_MAX + a + 1) + 4096 * (blocks - 1) if a <= TMAT_BLOCKED_MAX else 0
+    """Dynamic shared memory of the T kernel for `a` reflectors, its halves (the first min(a, TMAT_BLOCKED_MAX), then
+    the rest) rounded up to whole 32-row blocks: G's staging space (the first half's rows, TMAT_BLOCKED_MAX floats
+    each: a half's diagonal block of G, then the corner's G12), T1 and T2 (rows of TMAT_BLOCKED_MAX + 1 floats), X
+    (32 columns: the first half's rows less one block, or TMAT_BLOCKED_MAX rows for the corner)."""
+    if not 1 <= a <= TMAT_MAX:
+        raise ValueError(f"the T kernel takes 1 to {TMAT_MAX} reflectors; got {a}")
+    h = TMAT_BLOCKED_MAX
+    r1, r2 = 32 * -(-min(a, h) // 32), 32 * -(-(a - h) // 32) if a > h else 0
+    return 4 * (r1 * (2 * h + 1) + r2 * (h + 1) + 32 * (h if r2 else r1 - 32))
 
 
 @dataclass(frozen=True)
@@ -402,8 +410,7 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
 
 def tmat_kernel() -> KernelSpec:
     """The T kernel, the same for every schedule (aggregates, and Q's blocks in qrgen.qmatrix)."""
-    return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, tmat_shared_bytes(TMAT_BLOCKED_MAX),
-                      ())
+    return KernelSpec(TMAT_KERNEL, "tmat", 0, TMAT_THREADS, 1, 0, 1, False, 0, tmat_shared_bytes(TMAT_MAX), ())
 
 
 def scale_kernel() -> KernelSpec:
@@ -473,7 +480,7 @@ def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
 def render_tmat(arch: str = "sm_90") -> Rendered:
     template = environment().get_template("cuda/tmat.cu.j2")
     return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel(),
-                                                 blocked_max=TMAT_BLOCKED_MAX))
+                                                 blocked_max=TMAT_BLOCKED_MAX, tmat_max=TMAT_MAX))
 
 
 def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda", keep: bool = False) -> list[Rendered]:

@@ -144,7 +144,7 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
             gemm_us += _gemm_us(a, a, agg.rows, batch, prec.gram, 1) + _gemm_us(a, agg.rows, a, batch, "fp32", 1)
             gemm_us += _gemm_us(a, agg.nc, agg.rows, batch, prec.project, 1)
             gemm_us += _gemm_us(agg.rows, agg.nc, a, batch, prec.update, 2)
-            panel_us += a * 0.05  # the T kernel: one thread per row, a steps
+            panel_us += a * 0.05  # the T kernel (a guess per column from its first, one-thread-a-row form; not refit)
             n_launches += 6
     host_us = n_launches * HOST_US_PER_LAUNCH
     return Estimate(max(panel_us + gemm_us, host_us), panel_us, gemm_us, host_us)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 SIDES = ("L", "R")
-BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen.codegen.TMAT_THREADS)
+BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen.codegen.TMAT_MAX)
 Q_WIDE_BLOCK_FROM = 4096  # householder_product's blocks are 256 wide from this min(m, n) on (q_block)
 GRAM_BATCHED_BELOW = 132  # batches smaller than this (the H200's SM count) get all blocks' V, G and T at once (_wy)
 

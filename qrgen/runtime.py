@@ -933,12 +933,12 @@ _TMAT_FUNCTIONS: dict[int, tuple] = {}
 
 def tmatrix_gpu(gram, tau):
     """T (batch, w, w) of compact WY forms from G = V^T V (batch, w, w) and tau (batch, w), CuPy float32 arrays on
-    the current device and stream; w up to 256."""
+    the current device and stream; w up to codegen.TMAT_MAX."""
     import cupy
 
     batch, w = tau.shape
-    if w > codegen.TMAT_THREADS:
-        raise ValueError(f"blocks of at most {codegen.TMAT_THREADS} reflectors; got {w}")
+    if w > codegen.TMAT_MAX:
+        raise ValueError(f"blocks of at most {codegen.TMAT_MAX} reflectors; got {w}")
     device = cupy.cuda.Device().id
     if device not in _TMAT_FUNCTIONS:
         rendered = codegen.render_tmat(device_arch(device))

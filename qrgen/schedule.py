@@ -37,7 +37,7 @@ MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
 REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32, "lanes": 24, "tsqr": 60}
 TSQR_SLOTS = 8  # the most rows per thread of a tsqr panel's tiles
 
-MAX_AGGREGATE = 256  # the T kernel runs one thread per column, in one block (codegen.TMAT_THREADS)
+MAX_AGGREGATE = 256  # the widest T the T kernel builds (codegen.TMAT_MAX)
 
 SCHEDULE_DIR = Path(__file__).resolve().parent.parent / "schedules"
 

@@ -323,9 +323,15 @@ def test_fused_panel_products_compile_without_spills(tmp_path, monkeypatch):
 
 
 def test_tmat_shared_memory_fits_one_block():
-    """The T kernel stages G (rows rounded to 32-blocks), T and X in shared memory: within an sm_90 block's 227 KB
-    for every aggregate size it builds by blocks, and growing with it."""
-    sizes = [codegen.tmat_shared_bytes(a) for a in range(1, codegen.TMAT_BLOCKED_MAX + 1)]
-    assert max(sizes) == sizes[-1] <= 227 * 1024
+    """The T kernel stages G (a half's diagonal block, then G12), T1, T2 and X in shared memory: within an sm_90
+    block's 227 KB for every aggregate size (every width a schedule or qrgen.qmatrix can give it), growing with it;
+    at TMAT_BLOCKED_MAX G, T and X of 128 rows less one block for X, as before the halves."""
+    from qrgen.schedule import MAX_AGGREGATE, MAX_SMEM
+
+    assert MAX_AGGREGATE == codegen.TMAT_MAX == 2 * codegen.TMAT_BLOCKED_MAX
+    sizes = [codegen.tmat_shared_bytes(a) for a in range(1, codegen.TMAT_MAX + 1)]
+    assert max(sizes) == sizes[-1] == codegen.tmat_kernel().shared_bytes <= MAX_SMEM
     assert all(x <= y for x, y in zip(sizes, sizes[1:]))
-    assert codegen.tmat_shared_bytes(codegen.TMAT_BLOCKED_MAX + 1) == 0  # past it: one thread per row, global memory
+    assert codegen.tmat_shared_bytes(codegen.TMAT_BLOCKED_MAX) == 4 * (128 * (128 + 129) + 96 * 32)
+    with pytest.raises(ValueError, match="1 to 256"):
+        codegen.tmat_shared_bytes(codegen.TMAT_MAX + 1)

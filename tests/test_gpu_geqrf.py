@@ -372,6 +372,26 @@ def test_ormqr_and_householder_product_torch():
     assert torch.allclose(out.double(), q.double().transpose(-1, -2) @ c.double(), atol=1e-4)
 
 
+@pytest.mark.parametrize("w", [1, 31, 32, 100, 128, 129, 176, 255, 256])
+def test_t_kernel_against_the_reference(w):
+    """The T kernel (runtime.tmatrix_gpu): by blocks up to 128 reflectors, by halves past it, against slarft's T in
+    float64 from the same G and tau; every entry written (the lower left block of the halves too)."""
+    import cupy
+
+    from qrgen import reference
+    from qrgen.runtime import tmatrix_gpu
+
+    h, tau = reference.geqrf(stress("random", w + 40, w, 3, seed=w).astype(np.float64))
+    v = np.tril(h, -1)
+    v[:, np.arange(w), np.arange(w)] = 1
+    g = np.swapaxes(v, 1, 2) @ v
+    want = reference._tmatrix(g, tau)
+    got = tmatrix_gpu(cupy.asarray(g, dtype=cupy.float32), cupy.asarray(tau, dtype=cupy.float32)).get()
+    # NumPy's float32 recurrence is off by about 1 eps32 of T's largest entry here (w up to 256)
+    assert np.abs(got - want).max() <= 100 * EPS32 * np.abs(want).max(), np.abs(got - want).max()
+    assert np.array_equal(np.tril(got, -1), np.zeros_like(got))
+
+
 def test_cublas_matmul_layouts():
     import cupy
 

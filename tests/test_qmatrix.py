@@ -133,6 +133,23 @@ def test_both_gram_paths_give_the_same_wy_forms(m, n, monkeypatch):
         np.testing.assert_array_equal(np.diagonal(v, axis1=1, axis2=2), 1)
 
 
+@pytest.mark.parametrize("a", [129, 176, 256])
+def test_t_by_halves_is_slarfts_t(a):
+    """The T kernel's halves past 128 reflectors (templates/cuda/tmat.cuh.j2): T = [[T1, T12], [0, T2]] with T1, T2
+    the halves' own T (from G's diagonal blocks) and T12 = -T1 G12 T2 is slarft's T of all a reflectors."""
+    h, tau = reference.geqrf(stress("random", a + 40, a, 2, seed=a).astype(np.float64))
+    v = np.tril(h, -1)
+    v[:, np.arange(a), np.arange(a)] = 1
+    g = np.swapaxes(v, 1, 2) @ v
+    t = reference._tmatrix(g, tau)
+    t1 = reference._tmatrix(g[:, :128, :128], tau[:, :128])
+    t2 = reference._tmatrix(g[:, 128:, 128:], tau[:, 128:])
+    np.testing.assert_allclose(t[:, :128, :128], t1, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(t[:, 128:, 128:], t2, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(t[:, :128, 128:], -t1 @ g[:, :128, 128:] @ t2, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(t[:, 128:, :128], 0)
+
+
 @pytest.mark.parametrize("m,n", [(32, 32), (100, 20), (40, 1), (257, 32)])
 def test_fused_q_formula_equals_householder_product(m, n):
     """The fused Q kernel's algebra (templates/cuda/panel_lanes.cuh.j2, FORMQ): with V unit lower triangular

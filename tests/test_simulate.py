@@ -303,9 +303,9 @@ def test_qr_keeps_q_only_where_every_kept_t_is_exact():
     plain = _uniform(256, 256, 16)
     assert keeps_q(plain, 16, KEEP_MAX_FLOATS) and not keeps_q(plain, 16, KEEP_MAX_FLOATS + 1)
     assert keeps_q(plain, 1, KEEP_MAX_FLOATS + 1)
-    # aggregates wider than the blocked T kernel takes: Q from h and tau instead
-    assert not keeps_q(_uniform(176, 176, 16, aggregate=256), 11, 1)
-    assert keeps_q(_uniform(128, 176, 16, aggregate=256), 11, 1)
+    # aggregates of every width the T kernel builds by blocks, its halves past 128 columns included
+    assert keeps_q(_uniform(176, 176, 16, aggregate=256), 11, 1)
+    assert keeps_q(_uniform(256, 256, 16, aggregate=256), 16, 1)
     assert keeps_q(_uniform(256, 256, 16, aggregate=128), 16, 1)
 
 
