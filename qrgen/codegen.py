@@ -143,6 +143,14 @@ def gemm3_kinds(schedule: Schedule) -> tuple[str, ...]:
                  if used)
 
 
+def q_precision(width: int) -> str:
+    """The precision of qr's two Q products (runtime.drive_q) for a kept block `width` columns wide, whatever the
+    schedule's own precisions: tf32x3 (fp32-class accuracy, about 2x cuBLAS's fp32 SGEMM on the H200 at these
+    shapes) from GEMM3_MIN columns, the aggregates; fp32 for narrower blocks, the panels, whose products of that
+    depth the gemm3 kernels leave to cuBLAS anyway."""
+    return "tf32x3" if width >= GEMM3_MIN else "fp32"
+
+
 def without_idle_tf32x3(schedule: Schedule) -> Schedule:
     """The schedule with fp32 for a tf32x3 stage that none of its products can take (gemm3_kinds): the same launches
     (such products run in fp32 through cuBLAS either way), written as what they are, so that the tuner measures such
@@ -291,9 +299,33 @@ def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A block reflector a keep plan keeps for Q: a panel, or an aggregate of panels. Its V^T (in buffer "vt") and
+    (VT)^T (in `z`: "zt" for a panel, "zg" for an aggregate) are width x rows, from row c0, the chunk's matrices
+    width * rows floats apart from nb * offset floats on."""
+
+    c0: int
+    width: int
+    rows: int
+    offset: int
+    z: str
+
+
+def kept_blocks(launches, aggs) -> tuple[Kept, ...]:
+    """A keep plan's kept blocks in order: its aggregates where it has them, else its panels."""
+    spans = [(a.a0, a.a1 - a.a0, a.rows, "zg") for a in aggs] or [(L.c0, L.width, L.rows, "zt") for L in launches]
+    out, at = [], 0
+    for c0, width, rows, z in spans:
+        out.append(Kept(c0, width, rows, at, z))
+        at += width * rows
+    return tuple(out)
+
+
 def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...], tuple[Launch, ...]]:
     """The distinct kernels a schedule needs, and the launch of each panel in order. keep: every panel writes its
-    V^T and (VT)^T, the last ones too, and every aggregate is merged, the last one too, for qr's Q (runtime.drive_q)."""
+    V^T and (VT)^T, the last ones too, and every aggregate is merged, the last one too, for qr's Q (runtime.drive_q),
+    whose products for kept blocks of GEMM3_MIN columns or more take the gemm3 kernels (q_precision)."""
     keys: dict[tuple, list[int]] = {}
     launches = []
     aggs = aggregates(schedule)
@@ -346,7 +378,10 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
         kernels.append(tmat_kernel())
     if schedule.scaled:
         kernels.append(scale_kernel())
-    kernels += [gemm3_kernel(kind) for kind in gemm3_kinds(schedule)]
+    kinds = set(gemm3_kinds(schedule))
+    if keep and any(q_precision(b.width) == "tf32x3" for b in kept_blocks(launches, aggs)):
+        kinds |= {"project", "update"}  # Q's W = V^T P and P -= (V T) W
+    kernels += [gemm3_kernel(kind) for kind in GEMM3 if kind in kinds]
     return tuple(kernels), tuple(launches)
 
 

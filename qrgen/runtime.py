@@ -95,7 +95,7 @@ class Factorizer:
         self.kernels, self.launches = codegen.plan(schedule, keep)
         self.shared_bytes = {k.name: k.shared_bytes for k in self.kernels}  # each kernel's dynamic shared memory
         self.aggregates = codegen.aggregates(schedule)
-        self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
+        self.kept = codegen.kept_blocks(self.launches, self.aggregates) if keep else ()
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
         # is aligned for the kernel's loads; a wide one (m < n) needs those columns in h before its update.
@@ -462,35 +462,12 @@ def drive(fac: "Factorizer", engine) -> None:
         engine.scale(2)
 
 
-@dataclass(frozen=True)
-class Kept:
-    """A block reflector a keep plan keeps for Q: a panel, or an aggregate of panels. Its V^T (in buffer "vt") and
-    (VT)^T (in `z`: "zt" for a panel, "zg" for an aggregate) are width x rows, from row c0, the chunk's matrices
-    width * rows floats apart from nb * offset floats on."""
-
-    c0: int
-    width: int
-    rows: int
-    offset: int
-    z: str
-
-
-def kept_blocks(launches, aggs) -> tuple[Kept, ...]:
-    """A keep plan's kept blocks in order: its aggregates where it has them, else its panels."""
-    spans = [(a.a0, a.a1 - a.a0, a.rows, "zg") for a in aggs] or [(L.c0, L.width, L.rows, "zt") for L in launches]
-    out, at = [], 0
-    for c0, width, rows, z in spans:
-        out.append(Kept(c0, width, rows, at, z))
-        at += width * rows
-    return tuple(out)
-
-
 def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
     """Q from a keep plan's kept blocks, after drive(): the engine's buffer "q" holds the chunk's (m, qcols)
     matrices, the identity's first qcols columns (qcols = k for qr's reduced Q, m for the complete one). Q =
     H_0 ... H_{k-1} I, the last block first: a block's reflector I - V T V^T (a panel's, or an aggregate's) changes
     only P = Q[c0:, c0:] (the columns left of c0 are still the identity's, zero in its rows), by W = V^T P and then
-    P -= (V T) W, the (VT)^T read transposed, in fp32.
+    P -= (V T) W, the (VT)^T read transposed, in codegen.q_precision's precision for the block's width.
 
     The later blocks have changed only rows and columns from c0 + w on, so P = [[I_w, 0], [0, P22]] and
     W = [V1^T, V2^T P22] (V split after its first w rows): for an aggregate, W's first w columns come from a product
@@ -501,20 +478,21 @@ def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
     for b in reversed(fac.kept):
         base = engine.nb * b.offset
         w, qc = b.width, qcols - b.c0
+        precision = codegen.q_precision(w)
         q = ("q", b.c0 * qcols + b.c0)
         vt = ("vt", base)
         if b.z == "zg":  # W[:, :w] = V1^T I_w; W[:, w:] = V2^T P22 (when P has columns past the block)
             engine.gemm("qproject", False, False, w, w, w, 1.0, vt, b.rows, w * b.rows, q, qcols, m * qcols, 0.0,
-                        ("wq", 0), qc, engine.sizes.wq, "fp32")
+                        ("wq", 0), qc, engine.sizes.wq, precision)
             if qc > w:
                 engine.gemm("qproject", False, False, w, qc - w, b.rows - w, 1.0, ("vt", base + w), b.rows,
                             w * b.rows, ("q", (b.c0 + w) * qcols + b.c0 + w), qcols, m * qcols, 0.0, ("wq", w), qc,
-                            engine.sizes.wq, "fp32")
+                            engine.sizes.wq, precision)
         else:
             engine.gemm("qproject", False, False, w, qc, b.rows, 1.0, vt, b.rows, w * b.rows, q, qcols, m * qcols,
-                        0.0, ("wq", 0), qc, engine.sizes.wq, "fp32")
+                        0.0, ("wq", 0), qc, engine.sizes.wq, precision)
         engine.gemm("qupdate", True, False, b.rows, qc, w, -1.0, (b.z, base), b.rows, w * b.rows, ("wq", 0), qc,
-                    engine.sizes.wq, 1.0, q, qcols, m * qcols, "fp32")
+                    engine.sizes.wq, 1.0, q, qcols, m * qcols, precision)
 
 
 STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale")

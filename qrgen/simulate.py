@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import qmatrix
-from .codegen import aggregates, plan, tsqr_phases
+from .codegen import aggregates, kept_blocks, plan, tsqr_phases
 from .reference import (_panel, _tmatrix, product, round_to, scale, scale_exponents, tsqr_expand, tsqr_factor_tiles,
                         tsqr_lu, tsqr_reflectors, tsqr_tiles)
 from .schedule import Schedule
@@ -25,8 +25,6 @@ class _Fac:
     """What drive() reads of a Factorizer."""
 
     def __init__(self, schedule: Schedule, keep: bool = False):
-        from .runtime import kept_blocks
-
         self.m, self.n, self.k = schedule.m, schedule.n, min(schedule.m, schedule.n)
         self.schedule = schedule
         self.keep = keep

@@ -573,6 +573,39 @@ def test_qr_complete_and_reduced_from_kept_panels(batch, m, n):
     assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
 
 
+def test_qr_q_products_of_kept_aggregates_in_tf32x3(monkeypatch):
+    """qr's Q through a keep plan with aggregates of 128 on a schedule whose own products are fp32 (its gemm3
+    kernels the keep plan's alone): the gemm3 kernels take every Q product (codegen.q_precision), every family
+    passes the gates in both modes, and Q is qrgen.qmatrix's of the same h and tau to fp32 accuracy."""
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    from qrgen import qmatrix, runtime
+    from qrgen.runtime import Factorizer
+
+    launched = []  # per tf32x3 product: whether the gemm3 kernel took it
+    gemm3 = runtime._CupyEngine._gemm3
+    monkeypatch.setattr(runtime._CupyEngine, "_gemm3", lambda self, *args: launched.append(gemm3(self, *args)) or
+                        launched[-1])
+    m = n = 512
+    fac = Factorizer(m, n, _aggregated_schedule(m, n, 32, 128, "fused", 2), "sm_90")
+    assert not any(k.variant == "gemm3" for k in fac.kernels)
+    assert {"qr_gemm3_project", "qr_gemm3_update"} <= {k.name for k in fac.keep_variant().kernels}
+    for family in FAMILIES:
+        a = stress(family, m, n, 3, seed=11)
+        for mode in ("reduced", "complete"):
+            q, r = qrgen.qr(cupy.asarray(a), mode=mode, factorizer=fac)
+            factor, orth = _q_gates(a, q.get(), r.get())
+            assert (factor <= 20).all() and (orth <= 100).all(), (family, mode, factor.max(), orth.max())
+    # every Q product aligned and at least 64 in each dimension: none falls back to cuBLAS
+    assert launched and all(launched)
+    a = cupy.asarray(stress("random", m, n, 4, seed=3))
+    h, tau = fac(a)
+    q, _ = qrgen.qr(a, factorizer=fac)
+    assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
+
+
 @pytest.mark.parametrize("m,n,aggregate,lookahead", [(512, 512, 128, 2), (300, 200, 64, 0), (257, 255, 64, 2)])
 def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
     """The aggregates' products as three tf32 products (the gemm3 kernels; 257 x 255 is not 16-byte aligned and

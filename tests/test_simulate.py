@@ -349,6 +349,46 @@ def test_keep_plan_kernels(monkeypatch):
     assert sum(k.name == "qr_tmat" for k in plan(one_agg, keep=True)[0]) == 1
 
 
+def test_q_products_of_wide_kept_blocks_in_tf32x3(monkeypatch):
+    """drive_q's two products per kept block take codegen.q_precision's precision: tf32x3 for aggregates of 64
+    columns or more (their keep plans compile the gemm3 project and update kernels whatever the schedule's own
+    precisions), fp32 through cuBLAS for 32-wide panels and aggregates; the emulated Q keeps fp32's accuracy."""
+    from qrgen.codegen import plan, q_precision
+    from qrgen.runtime import Factorizer
+    from test_qmatrix import _q_gates
+
+    assert q_precision(32) == q_precision(48) == "fp32" and q_precision(64) == q_precision(128) == "tf32x3"
+
+    def q_precisions(log):
+        return {e[2] for e in log if e[0] == "gemm" and e[1] in ("qproject", "qupdate")}
+
+    def gemm3(schedule, keep):
+        return [k.name.rsplit("_", 1)[1] for k in plan(schedule, keep)[0] if k.variant == "gemm3"]
+
+    wide = _uniform(256, 256, 32, aggregate=128)  # fp32 products: no gemm3 kernel of its own
+    a = stress("rowscaled", 256, 256, 2, seed=8)
+    q, h, log = simulate.qr(a, wide)
+    assert q_precisions(log) == {"tf32x3"}
+    assert gemm3(wide, False) == [] and gemm3(wide, True) == ["project", "update"]
+    # the update's own gemm3 kernels (update, gram): the keep plan adds the projection's
+    update3 = _uniform(256, 256, 32, aggregate=64, precision=Precision("fp32", "fp32", "tf32x3"))
+    assert gemm3(update3, False) == ["update", "gram"] and gemm3(update3, True) == ["project", "update", "gram"]
+    for narrow in (_uniform(176, 176, 32, variant="lanes"), _uniform(96, 160, 32, aggregate=32)):
+        _, _, narrow_log = simulate.qr(stress("random", narrow.m, narrow.n, 1, seed=1), narrow)
+        assert q_precisions(narrow_log) == {"fp32"} and gemm3(narrow, True) == []
+    # what a keep Factorizer compiles: the gemm3 kernels too
+    monkeypatch.setattr("qrgen.runtime.compile_many", lambda items, *args, **kw: [name for name, _ in items])
+    assert {"qr_gemm3_project", "qr_gemm3_update"} <= set(Factorizer(256, 256, wide, "sm_90", keep=True).build())
+    r = np.triu(h[:, :256])
+    factor, orth = _q_gates(a, q, r)
+    monkeypatch.setattr(codegen, "q_precision", lambda width: "fp32")
+    q32, h32, log32 = simulate.qr(a, wide)
+    assert q_precisions(log32) == {"fp32"} and np.array_equal(h, h32)
+    factor32, orth32 = _q_gates(a, q32, r)
+    assert (factor <= 20).all() and (orth <= 100).all()
+    assert np.abs(orth - orth32).max() <= 0.1 and np.abs(factor - factor32).max() <= 0.1
+
+
 FP16 = _uniform(256, 256, 16, aggregate=64, precision=Precision("fp16", "fp32", "fp16"), panel_update="split")
 
 
