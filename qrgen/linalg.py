@@ -10,30 +10,34 @@ from __future__ import annotations
 
 import math
 
-from . import qmatrix, replay
+from . import codegen, qmatrix, replay
 from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
 from .schedule import check_precision
 
 MODES = ("reduced", "complete", "r", "raw")
 # qr forms Q from the factorization's kept panels (a rank-width update per panel, few launches) up to this many
 # floats of Q, or for one panel; larger Qs, whose time is the GPU's, keep qrgen.qmatrix's blocks of 128 (fewer
-# passes over Q). Schedules with aggregates keep their aggregates (64 to 176 columns in the committed schedules)
-# instead.
+# passes over Q). Schedules with aggregates keep their aggregates (64 or 128 wide in the committed schedules)
+# instead, up to KEEP_MAX_AGGREGATE columns.
 KEEP_MAX_FLOATS = 1 << 23
+KEEP_MAX_AGGREGATE = 128
 
 
-def keeps_q(schedule, launches: int, q_floats: int) -> bool:
+def keeps_q(schedule, launches: int, q_floats: int, exact: bool = False) -> bool:
     """Whether qr forms Q from a keep plan of `schedule` (runtime.drive_q) rather than from h and tau by
     qrgen.qmatrix. Only where every kept T comes from an fp32-class Gram matrix (Precision.gram fp32: the
     aggregates' G then fp32 or tf32x3), since Q's orthogonality is T's accuracy; then for aggregates, for one
-    panel, or for a Q of up to KEEP_MAX_FLOATS floats. Every aggregate's T (which the factorization alone never
-    forms when no columns lie right of it) is built by blocks in shared memory (codegen.TMAT_MAX covers
-    schedule.MAX_AGGREGATE; past codegen.TMAT_BLOCKED_MAX by halves). Before that kernel, T past 128 columns came
-    from one thread a row, and qr at 40 x 176² (one aggregate of all 176 columns; BENCHMARKS.md, fifteenth
-    session, graph replay) took 793 us through the keep plan against 325 for geqrf then householder_product."""
-    exact = schedule.precision.gram == "fp32" or (
+    panel, or for a Q of up to KEEP_MAX_FLOATS floats. Not for aggregates wider than KEEP_MAX_AGGREGATE: measured
+    on the H200 at 40 x 176² (one aggregate of all 176 columns; BENCHMARKS.md, sixteenth session, graph replay),
+    qr through the keep plan 355 us with T by halves, geqrf then householder_product 334 (793 us before, with T
+    from one thread a row). exact (qr's precision="fp32"): not where Q's products would take tf32x3
+    (codegen.q_precision: aggregates of GEMM3_MIN columns or more), since every product is then to be fp32."""
+    good_t = schedule.precision.gram == "fp32" or (
         not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
-    return exact and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)
+    aggregate = min(schedule.aggregate, schedule.m, schedule.n)
+    if aggregate > KEEP_MAX_AGGREGATE or (exact and codegen.q_precision(aggregate) != "fp32"):
+        return False
+    return good_t and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)
 
 
 def _arrays(**named):
@@ -135,7 +139,8 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
             out = _q_and_r(h.reshape(batch, m, n), tau.reshape(batch, -1), mode)
     else:
         keep = None
-        if mode in ("reduced", "complete") and keeps_q(fac.schedule, len(fac.launches), batch * m * qcols):
+        if mode in ("reduced", "complete") and keeps_q(fac.schedule, len(fac.launches), batch * m * qcols,
+                                                         precision == "fp32"):
             keep = fac.keep_variant()
 
         def run(stream, x):

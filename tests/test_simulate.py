@@ -303,10 +303,13 @@ def test_qr_keeps_q_only_where_every_kept_t_is_exact():
     plain = _uniform(256, 256, 16)
     assert keeps_q(plain, 16, KEEP_MAX_FLOATS) and not keeps_q(plain, 16, KEEP_MAX_FLOATS + 1)
     assert keeps_q(plain, 1, KEEP_MAX_FLOATS + 1)
-    # aggregates of every width the T kernel builds by blocks, its halves past 128 columns included
-    assert keeps_q(_uniform(176, 176, 16, aggregate=256), 11, 1)
-    assert keeps_q(_uniform(256, 256, 16, aggregate=256), 16, 1)
+    # aggregates wider than KEEP_MAX_AGGREGATE: Q from h and tau instead (measured faster at 176)
+    assert not keeps_q(_uniform(176, 176, 16, aggregate=256), 11, 1)
+    assert keeps_q(_uniform(128, 176, 16, aggregate=256), 11, 1)
     assert keeps_q(_uniform(256, 256, 16, aggregate=128), 16, 1)
+    # precision="fp32": no keep plan whose Q products would be tf32x3 (aggregates of 64 or more)
+    assert not keeps_q(agg, 16, 1, exact=True) and keeps_q(_uniform(256, 256, 16, aggregate=32), 16, 1, exact=True)
+    assert keeps_q(plain, 16, 1, exact=True)
 
 
 def test_q_from_the_kept_panels_of_a_scaled_schedule():
