@@ -84,8 +84,10 @@ def householder_product(h, tau, complete: bool = False, *, factorizer=None):
     _check_shape(m, n, factorizer, "h")
     lead = hd.shape[:-2]
     batch = math.prod(lead)
-    with on_caller_stream(arrs["h"]):
-        q = qmatrix.householder_product(hd.reshape(batch, m, n), td.reshape(batch, -1), complete)
+    with on_caller_stream(arrs["h"]) as stream:
+        (q,) = replay.call(("householder_product", complete),
+                           lambda s, h3, t2: (qmatrix.householder_product(h3, t2, complete),),
+                           (hd.reshape(batch, m, n), td.reshape(batch, -1)), stream)
     return arrs["h"].wrap(q.reshape(*lead, m, q.shape[-1]))
 
 
@@ -106,9 +108,11 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False, *, factorizer=Non
         raise ValueError(f"c must have shape {want} with the leading dimensions of h {tuple(lead)} and m = {m}; "
                          f"got {tuple(cd.shape)}")
     batch = math.prod(lead)
-    with on_caller_stream(arrs["h"]):
-        out = qmatrix.apply_q(hd.reshape(batch, m, n), td.reshape(batch, -1),
-                              cd.reshape(batch, *cd.shape[-2:]), side, transpose)
+    with on_caller_stream(arrs["h"]) as stream:
+        (out,) = replay.call(("ormqr", side, transpose),
+                             lambda s, h3, t2, c3: (qmatrix.apply_q(h3, t2, c3, side, transpose),),
+                             (hd.reshape(batch, m, n), td.reshape(batch, -1), cd.reshape(batch, *cd.shape[-2:])),
+                             stream)
     return arrs["h"].wrap(out.reshape(cd.shape))
 
 
@@ -154,11 +158,7 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
             return q, qmatrix.r_factor(h, complete=mode == "complete")
 
         with on_caller_stream(arr) as stream:
-            x = data.reshape(batch, m, n)
-            if replay.applies(None, x.size):
-                out = replay.call(("qr", id(fac), mode), run, (x,), stream, owner=fac)
-            else:
-                out = run(stream, x)
+            out = replay.call(("qr", id(fac), mode, precision), run, (data.reshape(batch, m, n),), stream, fac)
     r = arr.wrap(out[-1].reshape(*lead, -1, n))
     return r if mode == "r" else (arr.wrap(out[0].reshape(*lead, m, qcols)), r)
 
@@ -197,11 +197,7 @@ def lstsq(a, b, *, precision: str | None = None, factorizer=None):
             def run(s, a3, b3):
                 return qmatrix.lstsq(*fac.run(a3, s), b3)
 
-            a3 = ad.reshape(batch, m, n)
-            if replay.applies(None, a3.size + rhs.size):
-                x, res = replay.call(("lstsq", id(fac)), run, (a3, rhs), stream, owner=fac)
-            else:
-                x, res = run(stream, a3, rhs)
+            x, res = replay.call(("lstsq", id(fac)), run, (ad.reshape(batch, m, n), rhs), stream, fac)
         x = x.reshape(*lead, n) if vector else x.reshape(*lead, n, -1)
         res = res.reshape(*lead) if vector else res.reshape(*lead, -1)
     return arrs["a"].wrap(x), arrs["a"].wrap(res)

@@ -30,7 +30,7 @@ class _Plan:
     graph: object = None  # cupy.cuda.graph.Graph once captured; None before, False if the capture failed
     inputs: tuple = ()
     outputs: tuple = ()
-    keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
+    keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's factorizer
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -38,16 +38,17 @@ _LOCK = threading.Lock()
 
 
 def applies(fac, floats: int) -> bool:
-    """Whether a call of runtime.Factorizer `fac` (None: the q and lstsq functions without one) on `floats`
-    floats of input goes by replay: small enough, and more than the one launch an eager call would queue."""
-    return floats <= REPLAY_MAX_FLOATS and (fac is None or not fac.one_launch)
+    """Whether a call of runtime.Factorizer `fac` (None: the Q functions, which have none) on `floats` floats of
+    input goes by replay: small enough, and more than the one launch an eager call would queue."""
+    return 0 < floats <= REPLAY_MAX_FLOATS and (fac is None or not fac.one_launch)
 
 
-def call(key: tuple, fn, arrays: tuple, stream, owner=None) -> tuple:
+def call(key: tuple, fn, arrays: tuple, stream, fac=None) -> tuple:
     """fn(stream, *arrays) -> tuple of CuPy arrays (queued on `stream`, CuPy's current stream here), by replay
-    where it applies. `key` names what fn does (its function and configuration); the arrays' shapes, the device
-    and the stream are added to it. `owner`: an object fn's launches depend on (kept alive with the graph)."""
-    if not enabled() or stream.is_capturing():
+    where it applies (else eagerly). `key` names what fn does (its function and configuration); the arrays'
+    shapes, the device and the stream are added to it. `fac`: the runtime.Factorizer fn runs, if any (kept alive
+    with the graph)."""
+    if not (enabled() and applies(fac, sum(a.size for a in arrays))) or stream.is_capturing():
         return fn(stream, *arrays)
     key = key + tuple((a.shape, a.dtype.str) for a in arrays) + (arrays[0].device.id, stream.ptr)
     with _LOCK:
@@ -57,7 +58,7 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None) -> tuple:
         if plan is not None:
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
-                _capture(plan, fn, arrays, owner)
+                _capture(plan, fn, arrays, fac)
             if plan.graph:
                 for static, a in zip(plan.inputs, arrays):
                     _copy(static, a, stream)
@@ -81,14 +82,14 @@ def _copy(dst, src, stream):
     return dst
 
 
-def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
+def _capture(plan: _Plan, fn, arrays: tuple, fac) -> None:
     """Capture fn on buffers of the plan's own; plan.graph stays False where the capture fails (the calls then
     run eagerly)."""
     import cupy
 
     pool = cupy.cuda.MemoryPool()
     side = cupy.cuda.Stream(non_blocking=True)  # the legacy default stream cannot be captured
-    plan.graph, plan.keep = False, (pool, side, owner)  # the stream stays alive: workspaces are kept by its address
+    plan.graph, plan.keep = False, (pool, side, fac)  # the stream stays alive: workspaces are kept by its address
     with cupy.cuda.using_allocator(pool.malloc), side:
         inputs = tuple(cupy.zeros(a.shape, dtype=a.dtype) for a in arrays)
         fn(side, *inputs)  # once eagerly: workspaces and lazy set-up are made (and zeroed) outside the graph

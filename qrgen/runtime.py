@@ -272,10 +272,7 @@ def factor_device(fac: "Factorizer | None", arr: _Array):
         batch = math.prod(lead)
         if batch and m and n:
             x = data if len(lead) == 1 else data.reshape(batch, m, n)
-            if replay.applies(fac, x.size):
-                h, tau = replay.call(("geqrf", id(fac)), lambda s, y: fac.run(y, s), (x,), stream, owner=fac)
-            else:
-                h, tau = fac.run(x, stream)
+            h, tau = replay.call(("geqrf", id(fac)), lambda s, y: fac.run(y, s), (x,), stream, fac)
         else:
             h = cupy.empty((batch, m, n), dtype=cupy.float32)
             tau = cupy.empty((batch, k), dtype=cupy.float32)

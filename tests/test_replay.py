@@ -23,7 +23,7 @@ def test_which_calls_replay(monkeypatch):
     assert replay.applies(_Fac(False), replay.REPLAY_MAX_FLOATS)
     assert not replay.applies(_Fac(False), replay.REPLAY_MAX_FLOATS + 1)  # the copies would cost more than they save
     assert not replay.applies(_Fac(True), 1024)  # one launch: nothing to save
-    assert replay.applies(None, 1024)  # qr and lstsq: always several launches
+    assert replay.applies(None, 1024) and not replay.applies(None, 0)  # the Q functions: several launches
     monkeypatch.setenv("QRGEN_REPLAY", "0")
     assert not replay.enabled()
 
@@ -101,3 +101,22 @@ def test_replay_per_stream_and_for_torch():
     expect = np.zeros((6, 176), dtype=np.float32)
     expect[:, 0] = 1.0  # b is a's first column
     assert np.allclose(x2.cpu().numpy(), expect, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_replayed_q_functions_match_eager_ones(monkeypatch):
+    """householder_product and ormqr replay too: three calls on different factorizations, each equal to the eager
+    call's result and not overwritten by the next."""
+    import cupy
+
+    replay.clear()
+    facts = [qrgen.geqrf(cupy.asarray(stress(f, 176, 176, 4, seed=i))) for i, f in enumerate(("random", "banded"))]
+    c = cupy.asarray(stress("random", 176, 30, 4, seed=9))
+    monkeypatch.setenv("QRGEN_REPLAY", "0")
+    eager = [(qrgen.householder_product(h, tau), qrgen.ormqr(h, tau, c, "L", True)) for h, tau in facts]
+    monkeypatch.setenv("QRGEN_REPLAY", "1")
+    got = [(qrgen.householder_product(h, tau), qrgen.ormqr(h, tau, c, "L", True)) for h, tau in facts * 2]
+    assert all(p.graph for p in _plans("householder_product") + _plans("ormqr"))
+    for i, (q, qtc) in enumerate(got):
+        eq, eqtc = eager[i % 2]
+        assert float(cupy.abs(q - eq).max()) <= 1e-5 and float(cupy.abs(qtc - eqtc).max()) <= 1e-4
