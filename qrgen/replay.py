@@ -15,7 +15,11 @@ import os
 import threading
 from dataclasses import dataclass
 
-REPLAY_MAX_FLOATS = 1 << 22  # inputs up to this many floats (16 MiB): the copies cost the GPU a few us
+# Inputs up to this many floats (32 MiB; geqrf's 16 MiB): the copies cost the GPU a few to 30 us. Measured on the
+# H200 (BENCHMARKS.md, sixteenth session), eager with replay against without: qr 40 x 352² (5M floats) 1,185 ->
+# 906 us, geqrf 40 x 352² 606-637 -> 611-656 (no gain: its 16 launches cost the host less than the GPU's time).
+REPLAY_MAX_FLOATS = 1 << 23
+GEQRF_MAX_FLOATS = 1 << 22
 REPLAY_PLANS = 32  # graphs kept at most (each holds a copy of its buffers); calls past them run eagerly
 _ENV = "QRGEN_REPLAY"
 
@@ -30,25 +34,19 @@ class _Plan:
     graph: object = None  # cupy.cuda.graph.Graph once captured; None before, False if the capture failed
     inputs: tuple = ()
     outputs: tuple = ()
-    keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's factorizer
+    keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
 
 
 _PLANS: dict[tuple, _Plan] = {}
 _LOCK = threading.Lock()
 
 
-def applies(fac, floats: int) -> bool:
-    """Whether a call of runtime.Factorizer `fac` (None: the Q functions, which have none) on `floats` floats of
-    input goes by replay: small enough, and more than the one launch an eager call would queue."""
-    return 0 < floats <= REPLAY_MAX_FLOATS and (fac is None or not fac.one_launch)
-
-
-def call(key: tuple, fn, arrays: tuple, stream, fac=None) -> tuple:
+def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = REPLAY_MAX_FLOATS) -> tuple:
     """fn(stream, *arrays) -> tuple of CuPy arrays (queued on `stream`, CuPy's current stream here), by replay
-    where it applies (else eagerly). `key` names what fn does (its function and configuration); the arrays'
-    shapes, the device and the stream are added to it. `fac`: the runtime.Factorizer fn runs, if any (kept alive
-    with the graph)."""
-    if not (enabled() and applies(fac, sum(a.size for a in arrays))) or stream.is_capturing():
+    where the arrays hold 1 to max_floats floats (else eagerly). `key` names what fn does (its function and
+    configuration); the arrays' shapes, the device and the stream are added to it. `owner`: what fn's launches
+    need alive (a runtime.Factorizer), kept with the graph."""
+    if not (enabled() and 0 < sum(a.size for a in arrays) <= max_floats) or stream.is_capturing():
         return fn(stream, *arrays)
     key = key + tuple((a.shape, a.dtype.str) for a in arrays) + (arrays[0].device.id, stream.ptr)
     with _LOCK:
@@ -58,7 +56,7 @@ def call(key: tuple, fn, arrays: tuple, stream, fac=None) -> tuple:
         if plan is not None:
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
-                _capture(plan, fn, arrays, fac)
+                _capture(plan, fn, arrays, owner)
             if plan.graph:
                 for static, a in zip(plan.inputs, arrays):
                     _copy(static, a, stream)
@@ -82,14 +80,14 @@ def _copy(dst, src, stream):
     return dst
 
 
-def _capture(plan: _Plan, fn, arrays: tuple, fac) -> None:
+def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
     """Capture fn on buffers of the plan's own; plan.graph stays False where the capture fails (the calls then
     run eagerly)."""
     import cupy
 
     pool = cupy.cuda.MemoryPool()
     side = cupy.cuda.Stream(non_blocking=True)  # the legacy default stream cannot be captured
-    plan.graph, plan.keep = False, (pool, side, fac)  # the stream stays alive: workspaces are kept by its address
+    plan.graph, plan.keep = False, (pool, side, owner)  # the stream stays alive: workspaces are kept by its address
     with cupy.cuda.using_allocator(pool.malloc), side:
         inputs = tuple(cupy.zeros(a.shape, dtype=a.dtype) for a in arrays)
         fn(side, *inputs)  # once eagerly: workspaces and lazy set-up are made (and zeroed) outside the graph

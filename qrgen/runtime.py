@@ -272,7 +272,11 @@ def factor_device(fac: "Factorizer | None", arr: _Array):
         batch = math.prod(lead)
         if batch and m and n:
             x = data if len(lead) == 1 else data.reshape(batch, m, n)
-            h, tau = replay.call(("geqrf", id(fac)), lambda s, y: fac.run(y, s), (x,), stream, fac)
+            if fac.one_launch:  # nothing for a graph replay to save
+                h, tau = fac.run(x, stream)
+            else:
+                h, tau = replay.call(("geqrf", id(fac)), lambda s, y: fac.run(y, s), (x,), stream, fac,
+                                     replay.GEQRF_MAX_FLOATS)
         else:
             h = cupy.empty((batch, m, n), dtype=cupy.float32)
             tau = cupy.empty((batch, k), dtype=cupy.float32)

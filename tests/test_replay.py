@@ -12,20 +12,39 @@ from qrgen.testing import mixed, stress
 from test_qmatrix import _q_gates
 
 
-class _Fac:
-    def __init__(self, one_launch):
-        self.one_launch = one_launch
+class _Arr:
+    def __init__(self, size):
+        self.size = size
 
 
-def test_which_calls_replay(monkeypatch):
+class _Stream:
+    def __init__(self, capturing=False):
+        self.capturing = capturing
+
+    def is_capturing(self):
+        return self.capturing
+
+
+def test_which_calls_run_eagerly(monkeypatch):
+    """Eager (fn called at once, no plan made): no input, past the size limit, while the stream is captured, or
+    with QRGEN_REPLAY=0."""
     monkeypatch.delenv("QRGEN_REPLAY", raising=False)
     assert replay.enabled()
-    assert replay.applies(_Fac(False), replay.REPLAY_MAX_FLOATS)
-    assert not replay.applies(_Fac(False), replay.REPLAY_MAX_FLOATS + 1)  # the copies would cost more than they save
-    assert not replay.applies(_Fac(True), 1024)  # one launch: nothing to save
-    assert replay.applies(None, 1024) and not replay.applies(None, 0)  # the Q functions: several launches
+    replay.clear()
+
+    def fn(stream, *arrays):
+        return ("eager", len(arrays))
+
+    limit = replay.REPLAY_MAX_FLOATS
+    assert replay.call(("t",), fn, (_Arr(0),), _Stream()) == ("eager", 1)
+    assert replay.call(("t",), fn, (_Arr(limit), _Arr(1)), _Stream()) == ("eager", 2)
+    assert replay.call(("t",), fn, (_Arr(5),), _Stream(), max_floats=4) == ("eager", 1)
+    assert replay.call(("t",), fn, (_Arr(5),), _Stream(capturing=True)) == ("eager", 1)
     monkeypatch.setenv("QRGEN_REPLAY", "0")
     assert not replay.enabled()
+    assert replay.call(("t",), fn, (_Arr(5),), _Stream()) == ("eager", 1)
+    assert not replay._PLANS
+    assert replay.GEQRF_MAX_FLOATS <= replay.REPLAY_MAX_FLOATS
 
 
 def test_one_launch_factorizers():
