@@ -14,6 +14,7 @@ import numpy as np
 SIDES = ("L", "R")
 BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen.codegen.TMAT_MAX)
 Q_WIDE_BLOCK_FROM = 4096  # householder_product's blocks are 256 wide from this min(m, n) on (q_block)
+Q_PRECISIONS = ("fp32", "tf32x3")  # of householder_product's products
 GRAM_BATCHED_BELOW = 132  # batches smaller than this (the H200's SM count) get all blocks' V, G and T at once (_wy)
 
 
@@ -26,14 +27,29 @@ def array_module(x):
     return np
 
 
-def _matmul(xp, a, b):
+def _matmul(xp, a, b, precision: str = "fp32"):
     """Batched a @ b; on the GPU in float32 through qrgen.cublas (capturable in a CUDA graph, unlike
-    cupy.matmul); other precisions (the float64 check) through the array module."""
+    cupy.matmul), or in "tf32x3" through the gemm3 kernels where they take the product (runtime.gemm3_matmul);
+    in NumPy float32 with tf32x3's rounding where asked (reference.product); float64 (the check) as it is."""
     if xp is np or a.dtype != xp.float32:
-        return xp.matmul(a, b)
+        if precision == "fp32":
+            return xp.matmul(a, b)
+        from .reference import product
+
+        return product(a, b, precision)
+    if precision == "tf32x3":
+        c = xp.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), dtype=xp.float32)
+        if _gemm3(a, b, c, 1.0, 0.0):
+            return c
     from .cublas import matmul
 
     return matmul(a, b)
+
+
+def _gemm3(a, b, c, alpha: float, beta: float) -> bool:
+    from .runtime import gemm3_matmul
+
+    return gemm3_matmul(a, b, c, alpha, beta)
 
 
 def _cublas_target(xp, c) -> bool:
@@ -42,21 +58,26 @@ def _cublas_target(xp, c) -> bool:
     return xp is not np and c.dtype == xp.float32 and c.strides[2] == item and c.strides[1] >= c.shape[2] * item
 
 
-def _sub_matmul(xp, c, a, b):
-    """c -= a @ b in place (c a view of a larger array is updated where it lies); on the GPU one cuBLAS call with
-    beta 1 for float32 row-major c, no temporary and no separate subtraction."""
+def _sub_matmul(xp, c, a, b, precision: str = "fp32"):
+    """c -= a @ b in place (c a view of a larger array is updated where it lies); on the GPU one cuBLAS (or gemm3)
+    call with beta 1 for float32 row-major c, no temporary and no separate subtraction."""
     if not _cublas_target(xp, c):
-        c -= _matmul(xp, a, b)
+        c -= _matmul(xp, a, b, precision)
+        return
+    if precision == "tf32x3" and _gemm3(a, b, c, -1.0, 1.0):
         return
     from .cublas import matmul
 
     matmul(a, b, subtract_from=c)
 
 
-def _matmul_into(xp, out, a, b) -> None:
-    """out = a @ b, out a view of a larger array written where it lies (on the GPU one cuBLAS call, beta 0)."""
+def _matmul_into(xp, out, a, b, precision: str = "fp32") -> None:
+    """out = a @ b, out a view of a larger array written where it lies (on the GPU one cuBLAS or gemm3 call, beta
+    0)."""
     if not _cublas_target(xp, out):
-        out[...] = _matmul(xp, a, b)
+        out[...] = _matmul(xp, a, b, precision)
+        return
+    if precision == "tf32x3" and _gemm3(a, b, out, 1.0, 0.0):
         return
     from .cublas import matmul
 
@@ -176,15 +197,18 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BL
     return out
 
 
-def householder_product(h, tau, complete: bool = False, block: int | None = None):
+def householder_product(h, tau, complete: bool = False, block: int | None = None, precision: str = "fp32"):
     """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True, in blocks of `block` reflectors
-    (default q_block(m, n)).
+    (default q_block(m, n)). precision: of the two products a block applies to Q, "fp32" (cuBLAS) or "tf32x3"
+    (the gemm3 kernels where they take a product, else cuBLAS fp32; T and its Gram matrix stay fp32).
 
     Q = B_0 ... B_{q-1} I, the last block first. Before B_i (first column c0, width w) is applied, the later
     blocks have changed only rows and columns from c0 + w on: the columns left of c0 are still those of I, zero in
     B_i's rows, so B_i only changes P = Q[c0:, c0:] (as LAPACK's sorgqr does); and P = [[I_w, 0], [0, P22]], so
     V^T P = [V1^T, V2^T P22] with V = [V1; V2] split after w rows: the first product's depth and width shrink by w
     (a third of its work at 1024^2 with blocks of 128, half at 512^2)."""
+    if precision not in Q_PRECISIONS:
+        raise ValueError(f"precision must be one of {Q_PRECISIONS}, got {precision!r}")
     xp = array_module(h)
     batch, m, n = h.shape
     cols = m if complete else min(m, n)
@@ -196,8 +220,8 @@ def householder_product(h, tau, complete: bool = False, block: int | None = None
         part, w = q[:, c0:, c0:], v.shape[2]
         vtp = xp.empty((batch, w, part.shape[2]), dtype=h.dtype)
         vtp[:, :, :w] = v[:, :w, :].transpose(0, 2, 1)
-        _matmul_into(xp, vtp[:, :, w:], v[:, w:, :].transpose(0, 2, 1), part[:, w:, w:])
-        _sub_matmul(xp, part, v, _matmul(xp, t, vtp))
+        _matmul_into(xp, vtp[:, :, w:], v[:, w:, :].transpose(0, 2, 1), part[:, w:, w:], precision)
+        _sub_matmul(xp, part, v, _matmul(xp, t, vtp), precision)
     return q
 
 

@@ -142,20 +142,9 @@ class Factorizer:
         with self._lock:
             if device_id in self._functions:
                 return self._functions[device_id]
-            import cupy
-
             if not self.binaries:
                 self.build()
-            funcs = {}
-            shared = self.shared_bytes
-            for binary in self.binaries:
-                module = cupy.cuda.function.Module()
-                module.load(binary.cubin)
-                func = module.get_function(binary.name)
-                if shared[binary.name] > 48 * 1024:  # past 48 KiB a kernel must ask for its dynamic shared memory
-                    cupy.cuda.driver.funcSetAttribute(
-                        func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared[binary.name])
-                funcs[binary.name] = (module, func)
+            funcs = {b.name: load_function(b, self.shared_bytes[b.name]) for b in self.binaries}
             self._functions[device_id] = funcs
             return funcs
 
@@ -907,7 +896,58 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
                 drive_q(fac, engine, q.shape[2])
 
 
-_TMAT_FUNCTIONS: dict[int, tuple] = {}
+_COMMON_FUNCTIONS: dict[tuple, tuple] = {}  # (device, kernel name) -> (module, function)
+
+
+def _common_kernel(kernel: codegen.KernelSpec, rendered: "codegen.Rendered", device: int):
+    """A kernel that is the same for every schedule (the T kernel, the gemm3 kernels), built or taken from the
+    cache and loaded once per device, for the Q functions, which have no Factorizer."""
+    key = (device, kernel.name)
+    if key not in _COMMON_FUNCTIONS:
+        (binary,) = compile_many([(rendered.name, rendered.source)], device_arch(device))
+        _COMMON_FUNCTIONS[key] = load_function(binary, kernel.shared_bytes)
+    return _COMMON_FUNCTIONS[key][1]
+
+
+def load_function(binary: Binary, shared_bytes: int) -> tuple:
+    """(module, function) of a compiled kernel on the current device, allowed its dynamic shared memory (past
+    48 KiB a kernel must ask for it)."""
+    import cupy
+
+    module = cupy.cuda.function.Module()
+    module.load(binary.cubin)
+    func = module.get_function(binary.name)
+    if shared_bytes > 48 * 1024:
+        cupy.cuda.driver.funcSetAttribute(func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          shared_bytes)
+    return module, func
+
+def gemm3_matmul(a, b, c, alpha: float, beta: float) -> bool:
+    """c = alpha a @ b + beta c in tf32x3 by the gemm3 kernels, on the current device and stream, for CuPy float32
+    arrays a (batch, M, K) with K contiguous (the "project" kernel) or M contiguous (a transposed view: "update"),
+    b (batch, K, N) and c (batch, M, N) with row-major last two axes, any batch strides; False (nothing launched)
+    where the kernels do not take the product: a dimension under codegen.GEMM3_MIN, a leading dimension, batch
+    stride or address not a multiple of 4 floats, another layout."""
+    import cupy
+
+    batch, rows, depth = a.shape
+    cols = b.shape[2]
+    (sa, a1, a2), (sb, ldb, b2), (sc, ldc, c2) = ((v // 4 for v in x.strides) for x in (a, b, c))
+    kind, lda = ("project", a1) if a2 == 1 else ("update", a2) if a1 == 1 else (None, 0)
+    if kind is None or b2 != 1 or c2 != 1 or b.shape[0] != batch or c.shape[0] != batch:
+        return False
+    if min(rows, cols, depth) < codegen.GEMM3_MIN or any(x.dtype != cupy.float32 or x.data.ptr % 16 for x in (a, b, c)):
+        return False
+    if any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa, sb, sc)):
+        return False
+    device = cupy.cuda.Device().id
+    kernel, cfg = codegen.gemm3_kernel(kind), codegen.GEMM3[kind]
+    func = _common_kernel(kernel, codegen.render_gemm3(kernel, device_arch(device)), device)
+    func((-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), batch), (codegen.gemm3_threads(cfg),),
+         (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c, np.int32(ldc), np.int64(sc),
+          np.int32(rows), np.int32(cols), np.int32(depth), np.float32(alpha), np.float32(beta)),
+         shared_mem=kernel.shared_bytes)
+    return True
 
 
 def tmatrix_gpu(gram, tau):
@@ -919,16 +959,7 @@ def tmatrix_gpu(gram, tau):
     if w > codegen.TMAT_MAX:
         raise ValueError(f"blocks of at most {codegen.TMAT_MAX} reflectors; got {w}")
     device = cupy.cuda.Device().id
-    if device not in _TMAT_FUNCTIONS:
-        rendered = codegen.render_tmat(device_arch(device))
-        (binary,) = compile_many([(rendered.name, rendered.source)], device_arch(device))
-        module = cupy.cuda.function.Module()
-        module.load(binary.cubin)
-        func = module.get_function(binary.name)
-        cupy.cuda.driver.funcSetAttribute(func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                          codegen.tmat_kernel().shared_bytes)
-        _TMAT_FUNCTIONS[device] = (module, func)
-    _, func = _TMAT_FUNCTIONS[device]
+    func = _common_kernel(codegen.tmat_kernel(), codegen.render_tmat(device_arch(device)), device)
     g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)

@@ -738,3 +738,60 @@ def test_tsqr_default_and_qr_on_tsqr_schedules():
     x, _ = qrgen.lstsq(cupy.asarray(a), cupy.asarray(b))
     xn = np.linalg.lstsq(a[0].astype(np.float64), b[0].astype(np.float64), rcond=None)[0]
     assert np.abs(x.get()[0] - xn).max() <= 1e-3 * max(1.0, np.abs(xn).max())
+
+
+def test_gemm3_matmul_layouts_and_refusals():
+    """runtime.gemm3_matmul (the Q functions' tf32x3 products) against float64: A K-contiguous ("project") and
+    M-contiguous (a transposed view: "update"), C a view into a larger array updated in place (alpha -1, beta 1);
+    thin or misaligned products are refused with nothing written."""
+    import cupy
+
+    from qrgen.runtime import gemm3_matmul
+
+    rng = np.random.default_rng(0)
+    a = cupy.asarray(rng.standard_normal((3, 192, 136), dtype=np.float32))
+    at = cupy.asarray(rng.standard_normal((3, 136, 192), dtype=np.float32)).transpose(0, 2, 1)
+    b = cupy.asarray(rng.standard_normal((3, 136, 200), dtype=np.float32))
+    c = cupy.full((3, 192, 200), np.nan, dtype=cupy.float32)
+    assert gemm3_matmul(a, b, c, 1.0, 0.0)
+    ref = cupy.matmul(a.astype(cupy.float64), b.astype(cupy.float64))
+    assert float(cupy.abs(c - ref).max()) <= 1e-5 * float(cupy.abs(ref).max())
+    big = cupy.ones((3, 300, 260), dtype=cupy.float32)
+    view = big[:, 4:196, 8:208]
+    assert gemm3_matmul(at, b, view, -1.0, 1.0)
+    ref = 1.0 - cupy.matmul(at.astype(cupy.float64), b.astype(cupy.float64))
+    assert float(cupy.abs(view - ref).max()) <= 1e-5 * float(cupy.abs(ref).max())
+    outside = cupy.ones_like(big, dtype=cupy.bool_)
+    outside[:, 4:196, 8:208] = False
+    assert bool((big[outside] == 1.0).all())
+    before = big.copy()
+    assert not gemm3_matmul(a[:, :, :60], b[:, :60, :], view, 1.0, 0.0)  # depth under GEMM3_MIN
+    assert not gemm3_matmul(a, b, big[:, 1:193, 1:201], 1.0, 0.0)  # C not 16-byte aligned
+    assert not gemm3_matmul(a, b.transpose(0, 2, 1).copy().transpose(0, 2, 1), view, 1.0, 0.0)  # B column-major
+    assert bool((big == before).all())
+
+
+def test_householder_product_in_tf32x3(monkeypatch):
+    """qmatrix.householder_product(precision="tf32x3"): the gemm3 kernels take its wide products (blocks of 128
+    and 256), Q passes the gates on every family and stays within fp32's Q's accuracy."""
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    from qrgen import qmatrix
+
+    taken = []
+    gemm3 = qmatrix._gemm3
+    monkeypatch.setattr(qmatrix, "_gemm3", lambda *args: taken.append(gemm3(*args)) or taken[-1])
+    a, labels = mixed(512, 512, len(FAMILIES), seed=21)
+    h, tau = qrgen.geqrf(cupy.asarray(a))
+    r = np.triu(h.get())
+    for block in (128, 256):
+        q32 = qmatrix.householder_product(h, tau, block=block)
+        q3 = qmatrix.householder_product(h, tau, block=block, precision="tf32x3")
+        assert any(taken)
+        taken.clear()
+        f3, o3 = _q_gates(a, q3.get(), r)
+        f32, o32 = _q_gates(a, q32.get(), r)
+        assert (f3 <= 20).all() and (o3 <= 100).all(), (labels, f3, o3)
+        assert np.abs(o3 - o32).max() <= 1.0 and float(cupy.abs(q3 - q32).max()) <= 1e-4

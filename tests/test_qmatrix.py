@@ -163,3 +163,28 @@ def test_fused_q_formula_equals_householder_product(m, n):
     z = v @ t
     q = np.eye(m, n)[None] - z @ np.swapaxes(v[:, :n, :], 1, 2)
     np.testing.assert_allclose(q, qmatrix.householder_product(h, tau), atol=1e-12)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_q_products_in_tf32x3_keep_fp32s_accuracy(family, monkeypatch):
+    """householder_product's two products per block in tf32x3 (NumPy: reference.product's rounding, as the gemm3
+    kernels split their inputs): Q passes the gates and stays within 0.5 of fp32's Q on both, in blocks of 128
+    and 256; the Gram matrices and T stay fp32."""
+    a = stress(family, 300, 300, 2, seed=4)
+    h, tau = reference.geqrf(a, dtype=np.float32)
+    asked = []
+    product = reference.product
+    monkeypatch.setattr(reference, "product", lambda x, y, p: asked.append(p) or product(x, y, p))
+    for block in (128, 256):
+        q32 = qmatrix.householder_product(h, tau, block=block)
+        assert not asked  # fp32: NumPy's own products
+        q3 = qmatrix.householder_product(h, tau, block=block, precision="tf32x3")
+        assert asked and set(asked) == {"tf32x3"}
+        asked.clear()
+        r = np.triu(h[:, :300])
+        f32, o32 = _q_gates(a, q32, r)
+        f3, o3 = _q_gates(a, q3, r)
+        assert (f3 <= 20).all() and (o3 <= 100).all(), (f3, o3)
+        assert np.abs(o3 - o32).max() <= 0.5 and np.abs(f3 - f32).max() <= 0.5, (o3, o32, f3, f32)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        qmatrix.householder_product(h, tau, precision="tf32")
