@@ -899,11 +899,12 @@ def _factor(fac: Factorizer, h, tau, ws: _Workspace, device_id: int, src=None, s
 _COMMON_FUNCTIONS: dict[tuple, tuple] = {}  # (device, kernel name) -> (module, function)
 
 
-def _common_kernel(kernel: codegen.KernelSpec, rendered: "codegen.Rendered", device: int):
-    """A kernel that is the same for every schedule (the T kernel, the gemm3 kernels), built or taken from the
-    cache and loaded once per device, for the Q functions, which have no Factorizer."""
+def _common_kernel(kernel: codegen.KernelSpec, render, device: int):
+    """A kernel that is the same for every schedule (the T kernel, the gemm3 kernels), rendered (render(arch)),
+    built or taken from the cache and loaded once per device, for the Q functions, which have no Factorizer."""
     key = (device, kernel.name)
     if key not in _COMMON_FUNCTIONS:
+        rendered = render(device_arch(device))
         (binary,) = compile_many([(rendered.name, rendered.source)], device_arch(device))
         _COMMON_FUNCTIONS[key] = load_function(binary, kernel.shared_bytes)
     return _COMMON_FUNCTIONS[key][1]
@@ -942,7 +943,7 @@ def gemm3_matmul(a, b, c, alpha: float, beta: float) -> bool:
         return False
     device = cupy.cuda.Device().id
     kernel, cfg = codegen.gemm3_kernel(kind), codegen.GEMM3[kind]
-    func = _common_kernel(kernel, codegen.render_gemm3(kernel, device_arch(device)), device)
+    func = _common_kernel(kernel, lambda arch: codegen.render_gemm3(kernel, arch), device)
     func((-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), batch), (codegen.gemm3_threads(cfg),),
          (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c, np.int32(ldc), np.int64(sc),
           np.int32(rows), np.int32(cols), np.int32(depth), np.float32(alpha), np.float32(beta)),
@@ -959,7 +960,7 @@ def tmatrix_gpu(gram, tau):
     if w > codegen.TMAT_MAX:
         raise ValueError(f"blocks of at most {codegen.TMAT_MAX} reflectors; got {w}")
     device = cupy.cuda.Device().id
-    func = _common_kernel(codegen.tmat_kernel(), codegen.render_tmat(device_arch(device)), device)
+    func = _common_kernel(codegen.tmat_kernel(), codegen.render_tmat, device)
     g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
