@@ -4,8 +4,9 @@ them (Python, CuPy, the driver: 10-20 us each) exceeds the GPU's time to run the
 captured once from the same launch sequence on those buffers, and copies the graph's outputs into new arrays for
 the caller: three to five host operations instead of dozens, for two copies of data that is small by construction.
 
-The graph's buffers, workspace and temporaries come from a memory pool of its own, so that nothing allocated after
-the capture can take memory the graph still writes. A plan serves one stream (replays on it are ordered by the
+The graph's temporaries and outputs come from a memory pool of its own, so that nothing allocated after the capture
+can take memory the graph still writes; what outlives a graph (the workspace kept for its stream, a cuBLAS handle's)
+is made by one eager run before the capture, from the caller's allocator. A plan serves one stream (replays on it are ordered by the
 stream; the lock keeps each call's copy-in, replay and copy-out together). Calls made while the caller's stream is
 being captured (the caller's own graph) run eagerly, as do all calls with QRGEN_REPLAY=0 in the environment.
 """
@@ -88,16 +89,19 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
     pool = cupy.cuda.MemoryPool()
     side = cupy.cuda.Stream(non_blocking=True)  # the legacy default stream cannot be captured
     plan.graph, plan.keep = False, (pool, side, owner)  # the stream stays alive: workspaces are kept by its address
-    with cupy.cuda.using_allocator(pool.malloc), side:
+    with side:
         inputs = tuple(cupy.zeros(a.shape, dtype=a.dtype) for a in arrays)
-        fn(side, *inputs)  # once eagerly: workspaces and lazy set-up are made (and zeroed) outside the graph
+        # Once eagerly, from the caller's allocator: what outlives the graph (the workspace kept for this stream, a
+        # cuBLAS handle's workspace, loaded kernels) is made and zeroed here, outside the graph and its pool.
+        fn(side, *inputs)
         side.synchronize()
         try:
-            side.begin_capture()
-            try:
-                outputs = fn(side, *inputs)
-            finally:
-                graph = side.end_capture()
+            with cupy.cuda.using_allocator(pool.malloc):  # the graph's temporaries and outputs
+                side.begin_capture()
+                try:
+                    outputs = fn(side, *inputs)
+                finally:
+                    graph = side.end_capture()
         except Exception:  # a launch sequence that cannot be captured runs eagerly (fn raises again if it is wrong)
             return
     plan.graph, plan.inputs, plan.outputs = graph, inputs, tuple(outputs)
