@@ -6,9 +6,10 @@ the caller: three to five host operations instead of dozens, for two copies of d
 
 The graph's temporaries and outputs come from a memory pool of its own, so that nothing allocated after the capture
 can take memory the graph still writes; what outlives a graph (the workspace kept for its stream, a cuBLAS handle's)
-is made by one eager run before the capture, from the caller's allocator. A plan serves one stream (replays on it are ordered by the
-stream; the lock keeps each call's copy-in, replay and copy-out together). Calls made while the caller's stream is
-being captured (the caller's own graph) run eagerly, as do all calls with QRGEN_REPLAY=0 in the environment.
+is made by one eager run before the capture, from the caller's allocator. A plan serves one stream (replays on it
+are ordered by the stream; the lock keeps each call's copy-in, replay and copy-out together). Calls made while the
+caller's stream is being captured (the caller's own graph) run eagerly, as do all calls with QRGEN_REPLAY=0 in the
+environment.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 # 906 us, geqrf 40 x 352² 606-637 -> 611-656 (no gain: its 16 launches cost the host less than the GPU's time).
 REPLAY_MAX_FLOATS = 1 << 23
 GEQRF_MAX_FLOATS = 1 << 22
-REPLAY_PLANS = 32  # graphs kept at most (each holds a copy of its buffers); calls past them run eagerly
+REPLAY_PLANS = 32  # kinds tracked at most (a graph holds a copy of its buffers); past them calls run eagerly
 _ENV = "QRGEN_REPLAY"
 
 
@@ -52,8 +53,12 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
     key = key + tuple((a.shape, a.dtype.str) for a in arrays) + (arrays[0].device.id, stream.ptr)
     with _LOCK:
         plan = _PLANS.get(key)
-        if plan is None and len(_PLANS) < REPLAY_PLANS:
-            plan = _PLANS[key] = _Plan()
+        if plan is None:
+            if len(_PLANS) >= REPLAY_PLANS:  # forget the kinds called once so far (a tuner's trials, say)
+                for k in [k for k, p in _PLANS.items() if p.graph is None]:
+                    del _PLANS[k]
+            if len(_PLANS) < REPLAY_PLANS:
+                plan = _PLANS[key] = _Plan()
         if plan is not None:
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph

@@ -15,9 +15,14 @@ from test_qmatrix import _q_gates
 class _Arr:
     def __init__(self, size):
         self.size = size
+        self.shape = (size,)
+        self.dtype = np.dtype(np.float32)
+        self.device = type("Device", (), {"id": 0})()
 
 
 class _Stream:
+    ptr = 0
+
     def __init__(self, capturing=False):
         self.capturing = capturing
 
@@ -45,6 +50,13 @@ def test_which_calls_run_eagerly(monkeypatch):
     assert replay.call(("t",), fn, (_Arr(5),), _Stream()) == ("eager", 1)
     assert not replay._PLANS
     assert replay.GEQRF_MAX_FLOATS <= replay.REPLAY_MAX_FLOATS
+    # kinds called once do not use up the plans: past REPLAY_PLANS they are forgotten, and a new kind still gets one
+    monkeypatch.delenv("QRGEN_REPLAY")
+    for i in range(replay.REPLAY_PLANS + 8):
+        assert replay.call(("once", i), fn, (_Arr(5),), _Stream()) == ("eager", 1)
+    assert len(replay._PLANS) <= replay.REPLAY_PLANS
+    assert next(reversed(replay._PLANS))[:2] == ("once", replay.REPLAY_PLANS + 7)
+    replay._PLANS.clear()
 
 
 def test_one_launch_factorizers():
