@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from . import codegen, qmatrix, replay
-from .runtime import as_device_array, device_arch, factor_device, factorizer_for, on_caller_stream
+from .runtime import as_device_array, device_arch, factor_device, factorizer_for, fast_qr, on_caller_stream
 from .schedule import check_precision
 
 MODES = ("reduced", "complete", "r", "raw")
@@ -74,9 +74,12 @@ def _check_tau(h, tau):
                          f"got {tuple(tau.shape)}")
 
 
-def householder_product(h, tau, complete: bool = False, *, factorizer=None):
-    """Q of a geqrf result: (..., m, min(m, n)), or (..., m, m) with complete=True. (`factorizer`: a generated
-    module's, which checks the shape.)"""
+def householder_product(h, tau, complete: bool = False, *, precision: str | None = None, factorizer=None):
+    """Q of a geqrf result: (..., m, min(m, n)), or (..., m, m) with complete=True. precision: None (the products
+    that apply blocks of 64 reflectors or more to Q in tf32x3 on the gemm3 kernels, near fp32's accuracy and faster:
+    BENCHMARKS.md) or "fp32" (every product in fp32, cuBLAS). (`factorizer`: a generated module's, which checks the
+    shape.)"""
+    check_precision(precision)
     arrs = _arrays(h=h, tau=tau)
     hd, td = arrs["h"].data, arrs["tau"].data
     _check_tau(hd, td)
@@ -85,8 +88,9 @@ def householder_product(h, tau, complete: bool = False, *, factorizer=None):
     lead = hd.shape[:-2]
     batch = math.prod(lead)
     with on_caller_stream(arrs["h"]) as stream:
-        (q,) = replay.call(("householder_product", complete),
-                           lambda s, h3, t2: (qmatrix.householder_product(h3, t2, complete),),
+        (q,) = replay.call(("householder_product", complete, precision),
+                           lambda s, h3, t2: (qmatrix.householder_product(h3, t2, complete,
+                                                                          precision=_q_precision(precision)),),
                            (hd.reshape(batch, m, n), td.reshape(batch, -1)), stream)
     return arrs["h"].wrap(q.reshape(*lead, m, q.shape[-1]))
 
@@ -120,6 +124,10 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
     """numpy.linalg.qr's modes, batched: "reduced" (Q (..., m, k), R (..., k, n)), "complete" (Q (..., m, m),
     R (..., m, n)), "r" (R (..., k, n) alone, as NumPy returns it) and "raw" ((h, tau) with h as NumPy gives it,
     (..., n, m): the transpose of geqrf's h, a view without copy). precision: as for qrgen.geqrf."""
+    if mode == "reduced" and precision is None:
+        out = fast_qr(factorizer, a)  # one launch, where an earlier call on this device prepared it
+        if out is not None:
+            return out
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_precision(precision)
@@ -140,7 +148,7 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
         if mode == "raw":
             return arr.wrap(h.swapaxes(-1, -2)), arr.wrap(tau)
         with on_caller_stream(arr):
-            out = _q_and_r(h.reshape(batch, m, n), tau.reshape(batch, -1), mode)
+            out = _q_and_r(h.reshape(batch, m, n), tau.reshape(batch, -1), mode, precision)
     else:
         keep = None
         if mode in ("reduced", "complete") and keeps_q(fac.schedule, len(fac.launches), batch * m * qcols,
@@ -149,7 +157,7 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
 
         def run(stream, x):
             if keep is None:
-                return _q_and_r(*fac.run(x, stream), mode)
+                return _q_and_r(*fac.run(x, stream), mode, precision)
             import cupy  # Q from the factorization's kept panels or aggregates: two GEMMs each (runtime.drive_q)
 
             q = cupy.zeros((batch, m, qcols), dtype=cupy.float32)
@@ -163,10 +171,18 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
     return r if mode == "r" else (arr.wrap(out[0].reshape(*lead, m, qcols)), r)
 
 
-def _q_and_r(h, tau, mode: str) -> tuple:
+def _q_and_r(h, tau, mode: str, precision: str | None) -> tuple:
     """qr's results from geqrf's h (batch, m, n) and tau (batch, k): (r,) for mode "r", else (q, r)."""
     r = qmatrix.r_factor(h, complete=mode == "complete")
-    return (r,) if mode == "r" else (qmatrix.householder_product(h, tau, mode == "complete"), r)
+    if mode == "r":
+        return (r,)
+    return qmatrix.householder_product(h, tau, mode == "complete", precision=_q_precision(precision)), r
+
+
+def _q_precision(precision: str | None) -> str:
+    """householder_product's products for qr's or householder_product's precision argument: tf32x3 unless every
+    product is to be fp32 (2x4096^2: 6,341 -> 5,170 us, orthogonality 0.25 -> 4.1 of the gate's 100)."""
+    return "fp32" if precision == "fp32" else "tf32x3"
 
 
 def lstsq(a, b, *, precision: str | None = None, factorizer=None):

@@ -158,6 +158,9 @@ class Factorizer:
 
     def __call__(self, a):
         """geqrf of a (..., m, n) float32 device array: returns (h, tau) of the same kind, on the same device."""
+        out = fast_geqrf(self, a)
+        if out is not None:
+            return out
         arr = as_device_array(a)
         data = arr.data
         if data.ndim < 2:
@@ -187,22 +190,49 @@ class Factorizer:
         on `stream`; a is left as it is."""
         import cupy
 
-        _, func = self._load(a.device.id)[self.fused_q.name]
-        batch, L = a.shape[0], self.launches[0]
-        src = a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
-        q = cupy.empty((batch, self.m, self.n), dtype=cupy.float32)
-        r = cupy.empty((batch, self.n, self.n), dtype=cupy.float32)
-        # The panel kernels' parameters (_PANEL_PARAMS): R where h goes, Q where (VT)^T goes, no tau or workspace.
-        args = self._q_args.get(a.device.id)
-        if args is None:
-            args = self._q_args[a.device.id] = _PackedArgs(_PANEL_PARAMS, (0, 0, 0, 0, 0, 0, 0, 0, 0, L.rows, L.v_ld,
-                                                                           L.v_bs))
-        with self._lock:  # the packed values are shared by the calls on this device until the launch is queued
-            args.set(0, src.data.ptr)
-            args.set(1, r.data.ptr)
-            args.set(4, q.data.ptr)
-            cupy.cuda.driver.launchKernel(func.ptr, batch, 1, 1, L.threads, 1, 1, 0, stream.ptr, args.address, 0)
+        aligned = a.flags.c_contiguous and a.data.ptr % (4 * self._direct_vec) == 0
+        src = a if aligned else a.copy(order="C")
+        q = cupy.empty((a.shape[0], self.m, self.n), dtype=cupy.float32)
+        r = cupy.empty((a.shape[0], self.n, self.n), dtype=cupy.float32)
+        self.launch_qr(a.device.id, a.shape[0], src.data.ptr, q.data.ptr, r.data.ptr, stream.ptr)
         return q, r
+
+    def launch_qr(self, device_id: int, batch: int, src: int, q: int, r: int, stream: int) -> None:
+        """The fused kernel's launch (run_qr) on raw pointers: src (batch, m, n) C-contiguous and aligned for its
+        loads, q (batch, m, n) and r (batch, n, n) written."""
+        _, func = self._load(device_id)[self.fused_q.name]
+        L = self.launches[0]
+        # The panel kernels' parameters (_PANEL_PARAMS): R where h goes, Q where (VT)^T goes, no tau or workspace.
+        args = self._q_args.get(device_id)
+        if args is None:
+            args = self._q_args[device_id] = _PackedArgs(_PANEL_PARAMS, (0, 0, 0, 0, 0, 0, 0, 0, 0, L.rows, L.v_ld,
+                                                                         L.v_bs))
+        with self._lock:  # the packed values are shared by the calls on this device until the launch is queued
+            args.set(0, src)
+            args.set(1, r)
+            args.set(4, q)
+            _launch_panel(func, L, batch, stream, args)
+
+    def direct_workspace(self, a_ptr: int, batch: int, device_id: int, stream: int) -> "_Workspace | None":
+        """For a one-launch factorization (one_launch) of an input at a_ptr: the workspace that an earlier run on
+        this device, batch and stream left with its packed arguments, where the input is aligned for the kernel's
+        loads and the batch runs in one launch; else None."""
+        ws = self._workspaces.get((device_id, batch, stream))
+        if ws is None or 0 not in ws.panel_args or ws.chunk < batch or a_ptr % (4 * self._direct_vec):
+            return None
+        return ws
+
+    def launch_direct(self, ws: "_Workspace", a_ptr: int, batch: int, device_id: int, stream: int, h: int,
+                      tau: int) -> None:
+        """The launch of a one-launch factorization on raw pointers (direct_workspace): a (batch, m, n)
+        C-contiguous read, h and tau written."""
+        _, func = self._functions[device_id][self.launches[0].kernel]
+        args = ws.panel_args[0]
+        with self._lock:
+            args.set(0, a_ptr)
+            args.set(1, h)
+            args.set(2, tau)
+            _launch_panel(func, self.launches[0], batch, stream, args)
 
     def run(self, a, stream, skip=(), q=None):
         """(h, tau) for a contiguous-or-not (batch, m, n) CuPy array on `stream`; a is left as it is. `skip`:
@@ -658,6 +688,20 @@ def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
     return -(-rows // chunk), chunk
 
 
+def _launch_panel(func, L, batch: int, stream: int, args: _PackedArgs) -> None:
+    """A panel kernel's launch for `batch` matrices: L.blocks blocks each, cooperative where the blocks of a matrix
+    wait for each other (all must then be resident)."""
+    import cupy
+
+    driver = cupy.cuda.driver
+    if L.blocks > 1 and not L.cluster:
+        driver.launchCooperativeKernel(func.ptr, batch * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes, stream,
+                                       args.address)
+    else:
+        driver.launchKernel(func.ptr, batch * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes, stream,
+                            args.address, 0)
+
+
 class _CupyEngine:
     """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
 
@@ -718,13 +762,7 @@ class _CupyEngine:
                 ws = self.ws
                 args.set(3, ws.ptrs[v[0]] + 4 * v[1])
                 args.set(4, ws.ptrs[z[0]] + 4 * z[1])
-        driver = self.cupy.cuda.driver
-        if L.blocks > 1 and not L.cluster:  # the blocks of a matrix wait for each other: all must be resident
-            driver.launchCooperativeKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
-                                           self.stream_ptr, args.address)
-        else:
-            driver.launchKernel(func.ptr, self.nb * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes,
-                                self.stream_ptr, args.address, 0)
+        _launch_panel(func, L, self.nb, self.stream_ptr, args)
         self._done(stop)
 
     def _tsqr(self, index, func, L, src, v, z):
@@ -1010,6 +1048,10 @@ def geqrf(a, *, precision: str | None = None):
     trailing update's products: within the accuracy gates, about 300 times the backward error of fp32); "fp32"
     runs the same schedule with every product from fp32 inputs.
     """
+    if precision is None:
+        out = fast_geqrf(None, a)
+        if out is not None:
+            return out
     check_precision(precision)
     arr = as_device_array(a)
     data = arr.data
@@ -1021,3 +1063,93 @@ def geqrf(a, *, precision: str | None = None):
         return _run(None, arr)
     fac = factorizer_for(m, n, batch, device_arch(data.device.id), precision)
     return _run(fac, arr)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fast lane: calls whose whole work is one kernel launch (20 x 32² and the like), where the general path's
+# host time (DLPack in and out, stream objects, workspace lookups: 40 µs a CuPy call, 120 a torch one, measured on
+# the H200) would exceed the kernel's. Only for what needs nothing more: a C-contiguous float32 torch.Tensor or
+# cupy.ndarray (not subclasses) on the current device, a shape whose factorizer is made and has run on this
+# device, batch and stream. Everything else, the first call included, takes the general path, which checks it.
+
+_F32 = np.dtype(np.float32)
+
+
+def _fast_view(a):
+    """(pointer, shape, device, stream pointer, empty) of an input the fast lane takes, else None; empty(shape)
+    returns (array of the input's kind, its pointer), allocated as the input's library allocates on that stream."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and type(a) is cupy.ndarray:
+        if a.dtype is not _F32 or a.ndim < 2 or not a.flags.c_contiguous or not a.size:
+            return None
+        device = a.data.device_id
+        if cupy.cuda.runtime.getDevice() != device:
+            return None
+        return a.data.ptr, a.shape, device, cupy.cuda.get_current_stream().ptr, _cupy_empty
+    torch = sys.modules.get("torch")
+    if torch is None or type(a) is not torch.Tensor or cupy is None:
+        return None
+    if a.dtype is not torch.float32 or not a.is_cuda or a.dim() < 2 or not a.is_contiguous() or not a.numel():
+        return None
+    device = a.get_device()
+    if cupy.cuda.runtime.getDevice() != device:
+        return None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    stream = raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+    def empty(shape, dev=a.device):
+        out = torch.empty(shape, dtype=torch.float32, device=dev)
+        return out, out.data_ptr()
+
+    return a.data_ptr(), tuple(a.shape), device, stream, empty
+
+
+def _cupy_empty(shape):
+    import cupy
+
+    out = cupy.empty(shape, dtype=cupy.float32)
+    return out, out.data.ptr
+
+
+def _fast_factorizer(fac: "Factorizer | None", shape: tuple, device: int) -> "Factorizer | None":
+    """The factorizer a call of this shape takes: the given one (a generated module's) if its shape matches, else
+    qrgen.geqrf's for the device (None where none is made yet)."""
+    m, n = shape[-2:]
+    if fac is None:
+        arch = _ARCHES.get(device)
+        return None if arch is None else _FACTORIZERS.get((m, n, math.prod(shape[:-2]), arch, None))
+    return fac if (fac.m, fac.n) == (m, n) else None
+
+
+def fast_geqrf(fac: "Factorizer | None", a):
+    """(h, tau) by the fast lane, or None where the general path is to run."""
+    view = _fast_view(a)
+    if view is None:
+        return None
+    ptr, shape, device, stream, empty = view
+    fac = _fast_factorizer(fac, shape, device)
+    if fac is None or not fac.one_launch:
+        return None
+    batch = math.prod(shape[:-2])
+    ws = fac.direct_workspace(ptr, batch, device, stream)
+    if ws is None:
+        return None
+    h, h_ptr = empty(shape)
+    tau, tau_ptr = empty(shape[:-2] + (fac.k,))
+    fac.launch_direct(ws, ptr, batch, device, stream, h_ptr, tau_ptr)
+    return h, tau
+
+
+def fast_qr(fac: "Factorizer | None", a):
+    """qr's reduced (q, r) by the fast lane (the fused kernel), or None where the general path is to run."""
+    view = _fast_view(a)
+    if view is None:
+        return None
+    ptr, shape, device, stream, empty = view
+    fac = _fast_factorizer(fac, shape, device)
+    if fac is None or fac.fused_q is None or device not in fac._q_args or ptr % (4 * fac._direct_vec):
+        return None
+    q, q_ptr = empty(shape)
+    r, r_ptr = empty(shape[:-2] + (fac.n, fac.n))
+    fac.launch_qr(device, math.prod(shape[:-2]), ptr, q_ptr, r_ptr, stream)
+    return q, r
