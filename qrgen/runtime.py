@@ -44,10 +44,10 @@ def as_device_array(a) -> _Array:
         if a.device.type != "cuda":
             raise TypeError(f"qrgen needs a CUDA tensor; got a torch.Tensor on {a.device}: move it with a.cuda()")
         _check_dtype(str(a.dtype).replace("torch.", ""))
-        stream = torch.cuda.current_stream(a.device).cuda_stream
-        with cupy.cuda.Device(a.device.index):
-            data = cupy.from_dlpack(a.detach()) if a.numel() else cupy.empty(tuple(a.shape), cupy.float32)
-        return _Array(data, stream, torch.from_dlpack)
+        if a.is_neg():  # a lazily negated view: its memory holds -a
+            a = a.resolve_neg()
+        device = a.get_device()
+        return _Array(_cupy_view(cupy, a, device), _torch_stream(torch, device), torch.from_dlpack)
     if isinstance(a, cupy.ndarray):
         _check_dtype(str(a.dtype))
         return _Array(a, None, lambda x: x)
@@ -67,6 +67,24 @@ def as_device_array(a) -> _Array:
     module = sys.modules.get(type(a).__module__.split(".")[0])
     back = getattr(module, "from_dlpack", None) if module is not None else None
     return _Array(data, None, back or (lambda x: x))
+
+
+def _cupy_view(cupy, a, device: int):
+    """A CuPy array over a CUDA float32 torch.Tensor's memory (its strides, the tensor kept alive as the owner): no
+    DLPack exchange, whose stream handshake is not needed where the work runs on the tensor's current stream."""
+    shape, strides = tuple(a.shape), tuple(4 * s for s in a.stride())
+    if not a.numel():
+        return cupy.empty(shape, cupy.float32)
+    extent = 4 + sum((d - 1) * s for d, s in zip(shape, strides))
+    memory = cupy.cuda.UnownedMemory(a.data_ptr(), extent, a, device)
+    return cupy.ndarray(shape, cupy.float32, cupy.cuda.MemoryPointer(memory, 0), strides)
+
+
+def _torch_stream(torch, device: int) -> int:
+    """The handle of torch's current stream on a device (torch's raw accessor where it has one: a Stream object
+    costs about 8 us of host time)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _check_dtype(name: str) -> None:
@@ -1089,13 +1107,13 @@ def _fast_view(a):
     torch = sys.modules.get("torch")
     if torch is None or type(a) is not torch.Tensor or cupy is None:
         return None
-    if a.dtype is not torch.float32 or not a.is_cuda or a.dim() < 2 or not a.is_contiguous() or not a.numel():
+    if (a.dtype is not torch.float32 or not a.is_cuda or a.dim() < 2 or not a.is_contiguous() or not a.numel()
+            or a.is_neg()):
         return None
     device = a.get_device()
     if cupy.cuda.runtime.getDevice() != device:
         return None
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    stream = raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    stream = _torch_stream(torch, device)
 
     def empty(shape, dev=a.device):
         out = torch.empty(shape, dtype=torch.float32, device=dev)

@@ -1,5 +1,6 @@
 """Run on the GPU machine: host time per call (no synchronization, back to back) of qrgen.geqrf and qrgen.qr on
-CuPy and torch inputs, and with --profile cProfile's top functions by own time for each.
+CuPy and torch inputs, contiguous (the fast lane where the shape is one launch) and transposed views (the general
+path), and with --profile cProfile's top functions by own time for each.
 
     python scripts/host_overhead.py 20,32,32 40,176,176 --profile"""
 import cProfile
@@ -43,7 +44,10 @@ def main() -> None:
     for case in cases:
         batch, m, n = (int(x) for x in case.split(","))
         a = cupy.random.standard_normal((batch, m, n), dtype=cupy.float32)
-        inputs = [("cupy", a)] + ([("torch", torch.as_tensor(a, device="cuda"))] if torch else [])
+        inputs = [("cupy", a), ("cupy strided (general path)", a.transpose(0, 2, 1))]
+        if torch:
+            t = torch.as_tensor(a, device="cuda")
+            inputs += [("torch", t), ("torch strided (general path)", t.transpose(1, 2))]
         for kind, x in inputs:
             for name, fn in (("geqrf", lambda: qrgen.geqrf(x)), ("qr", lambda: qrgen.qr(x))):
                 host, total = per_call_us(fn, 2000)

@@ -866,3 +866,22 @@ def test_fast_lane_one_launch_calls(kind, monkeypatch):
             assert not taken
         stream.synchronize()
         assert bool((h2 == h).all())
+
+
+def test_torch_views_strided_offset_negated_and_requiring_grad():
+    """torch inputs are read where they lie (strides, storage offset), a lazily negated view as its values, a
+    tensor that requires grad without complaint; results equal those of the same values as a CuPy array."""
+    import cupy
+
+    torch = pytest.importorskip("torch")
+    base = torch.randn(4, 70, 90, device="cuda")
+    views = {"transposed": base[:, 3:67, 5:69].transpose(-1, -2), "offset": base[1:3, 6:46, 10:50],
+             "negated": torch._neg_view(base[:, :40, :40]) if hasattr(torch, "_neg_view") else -base[:, :40, :40],
+             "grad": base[:, :33, :31].clone().requires_grad_(True)}
+    for name, x in views.items():
+        h, tau = qrgen.geqrf(x)
+        want_h, want_tau = qrgen.geqrf(cupy.asarray(x.detach().resolve_neg().contiguous()))
+        assert isinstance(h, torch.Tensor) and tuple(h.shape) == tuple(x.shape), name
+        assert bool((cupy.from_dlpack(h) == want_h).all()) and bool((cupy.from_dlpack(tau) == want_tau).all()), name
+        q, r = qrgen.qr(x)
+        assert torch.allclose(q @ r, x.detach().resolve_neg(), atol=1e-4), name
