@@ -1129,25 +1129,29 @@ def _cupy_empty(shape):
     return out, out.data.ptr
 
 
-def _fast_factorizer(fac: "Factorizer | None", shape: tuple, device: int) -> "Factorizer | None":
-    """The factorizer a call of this shape takes: the given one (a generated module's) if its shape matches, else
-    qrgen.geqrf's for the device (None where none is made yet)."""
-    m, n = shape[-2:]
-    if fac is None:
-        arch = _ARCHES.get(device)
-        return None if arch is None else _FACTORIZERS.get((m, n, math.prod(shape[:-2]), arch, None))
-    return fac if (fac.m, fac.n) == (m, n) else None
-
-
-def fast_geqrf(fac: "Factorizer | None", a):
-    """(h, tau) by the fast lane, or None where the general path is to run."""
+def _fast_target(fac: "Factorizer | None", a):
+    """(factorizer, pointer, shape, device, stream pointer, empty) of a call the fast lane may take (_fast_view),
+    the factorizer being the given one (a generated module's) if its shape matches, else qrgen.geqrf's for the
+    device; None where there is none (not made yet) or the input is not for the fast lane."""
     view = _fast_view(a)
     if view is None:
         return None
     ptr, shape, device, stream, empty = view
-    fac = _fast_factorizer(fac, shape, device)
-    if fac is None or not fac.one_launch:
+    m, n = shape[-2:]
+    if fac is None:
+        arch = _ARCHES.get(device)
+        fac = None if arch is None else _FACTORIZERS.get((m, n, math.prod(shape[:-2]), arch, None))
+    elif (fac.m, fac.n) != (m, n):
+        fac = None
+    return None if fac is None else (fac, ptr, shape, device, stream, empty)
+
+
+def fast_geqrf(fac: "Factorizer | None", a):
+    """(h, tau) by the fast lane, or None where the general path is to run."""
+    target = _fast_target(fac, a)
+    if target is None or not target[0].one_launch:
         return None
+    fac, ptr, shape, device, stream, empty = target
     batch = math.prod(shape[:-2])
     ws = fac.direct_workspace(ptr, batch, device, stream)
     if ws is None:
@@ -1160,12 +1164,11 @@ def fast_geqrf(fac: "Factorizer | None", a):
 
 def fast_qr(fac: "Factorizer | None", a):
     """qr's reduced (q, r) by the fast lane (the fused kernel), or None where the general path is to run."""
-    view = _fast_view(a)
-    if view is None:
+    target = _fast_target(fac, a)
+    if target is None or target[0].fused_q is None:
         return None
-    ptr, shape, device, stream, empty = view
-    fac = _fast_factorizer(fac, shape, device)
-    if fac is None or fac.fused_q is None or device not in fac._q_args or ptr % (4 * fac._direct_vec):
+    fac, ptr, shape, device, stream, empty = target
+    if device not in fac._q_args or ptr % (4 * fac._direct_vec):
         return None
     q, q_ptr = empty(shape)
     r, r_ptr = empty(shape[:-2] + (fac.n, fac.n))
