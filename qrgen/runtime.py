@@ -766,21 +766,21 @@ class _CupyEngine:
             self._tsqr(index, func, L, src, v, z)
             self._done(stop)
             return
-        args = self.ws.panel_args.get(index)
-        if args is None:  # the same for every call on this workspace but src, h and tau
-            ws = self.ws
-            args = ws.panel_args[index] = _PackedArgs(_PANEL_PARAMS, (
-                src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1], ws.xch.data.ptr,
-                ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
-        else:
-            args.set(0, src)
-            args.set(1, self.h_ptr)
-            args.set(2, self.tau_ptr)
-            if self.fac.keep:  # the kept regions' offsets scale with the chunk's matrices
-                ws = self.ws
-                args.set(3, ws.ptrs[v[0]] + 4 * v[1])
-                args.set(4, ws.ptrs[z[0]] + 4 * z[1])
-        _launch_panel(func, L, self.nb, self.stream_ptr, args)
+        ws = self.ws
+        with self.fac._lock:  # the packed values are shared with the fast lane's launches (launch_direct)
+            args = ws.panel_args.get(index)
+            if args is None:  # the same for every call on this workspace but src, h and tau
+                args = ws.panel_args[index] = _PackedArgs(_PANEL_PARAMS, (
+                    src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
+                    ws.xch.data.ptr, ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
+            else:
+                args.set(0, src)
+                args.set(1, self.h_ptr)
+                args.set(2, self.tau_ptr)
+                if self.fac.keep:  # the kept regions' offsets scale with the chunk's matrices
+                    args.set(3, ws.ptrs[v[0]] + 4 * v[1])
+                    args.set(4, ws.ptrs[z[0]] + 4 * z[1])
+            _launch_panel(func, L, self.nb, self.stream_ptr, args)
         self._done(stop)
 
     def _tsqr(self, index, func, L, src, v, z):
