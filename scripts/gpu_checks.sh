@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU, from the repository root: the GPU test layer, the benchmarks with per-stage
-# profiles, qr against torch and CuPy, householder_product's products in fp32 against tf32x3, and (with TUNE=1) a search of every reference and tall shape: up to 50 trials,
+# profiles, qr against torch and CuPy, householder_product's products in fp32 against tf32x3, the host's time a call, and (with TUNE=1) a search of every reference and tall shape: up to 50 trials,
 # no new trial after TUNE_SECONDS (default 90) per shape.
 # Everything it prints also goes to $OUT/log.txt (default ./gpu-out); tuned schedules go to $OUT/schedules.
 # Each step has a time limit, so one slow step does not take the others' time.
@@ -20,6 +20,7 @@ step 240 python3 -m qrgen bench --reps 10 --mixed --profile
 step 120 python3 -m qrgen bench --tall --reps 5 --profile
 step 180 python3 -m qrgen bench --qr
 step 180 python3 scripts/q_products.py 2x4096x4096 8x2048x2048 60x1024x1024
+step 120 python3 scripts/host_overhead.py 20,32,32 40,176,176
 if [ "${TUNE:-0}" = 1 ]; then
     for case in 20x32x32 40x176x176 40x352x352 640x512x512 60x1024x1024 8x2048x2048 2x4096x4096 \
                 1x4096x4096 1x2048x2048 1x4096x1024 1x8192x512 1x100000x32 1x40000x256; do
