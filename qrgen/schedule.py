@@ -54,8 +54,9 @@ class Panel:
     variant "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
                     turn as producer of those reflectors (published to shared memory, one mbarrier each).
     variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
-                    ranges (threads a multiple of 32); the loop over columns is not unrolled. With cluster=True
-                    (2 to 8 blocks) the blocks of one cluster share the rows.
+                    ranges (threads a multiple of 32); the loop over columns is not unrolled, except on one warp
+                    (threads=32, blocks=1), where every row is a constant. With cluster=True (2 to 8 blocks) the
+                    blocks of one cluster share the rows.
     variant "tsqr": for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
                     `threads`, at least twice the width), each on one block as "rows" factors a panel, then Q's
                     columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh.j2).
@@ -381,7 +382,10 @@ def find(problem: Problem, target: Target, root: Path | None = None,
 
 
 def _panel_for(rows: int, width: int) -> Panel | None:
-    """The cheapest one-block kernel that holds `rows` x `width` in registers, or None."""
+    """The cheapest one-block kernel that holds `rows` x `width` in registers, or None: up to ONE_WARP_ROWS rows
+    a lanes panel on one warp at any batch (lanes_panel: 20,000 x 32² 388 -> 130 µs against warp panels)."""
+    if rows <= ONE_WARP_ROWS and width <= 32:
+        return Panel(width, "lanes", 32)
     if rows <= 32 * 4:
         warp = Panel(width, "warp", 32)
         if _fits(rows, warp):
@@ -432,10 +436,13 @@ def cluster_lanes_panel(rows: int, width: int, blocks: int) -> Panel | None:
 
 def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 1) -> Panel | None:
     """A lanes panel for `rows` x `width` with about `slots` rows per warp (more warps where registers demand),
-    or None where even 32 warps cannot hold the rows. "auto": 8 rows per warp up to 256 rows, else 16 (the
-    better of those measured at 176 and 352 rows). blocks > 1: the rows shared by a cluster of that many blocks."""
+    or None where even 32 warps cannot hold the rows. "auto": one warp up to 32 rows (its loop over columns
+    unrolled), 8 rows per warp up to 256 rows, else 16 (the better of those measured at 176 and 352 rows). Measured
+    on the H200 (BENCHMARKS.md, eighteenth session; graph replay): one warp against 8 rows per warp at 20 x 32²
+    17.8 -> 11.3 µs, 20,000 x 32² 629 -> 130, 1,000 x 16² 16.4 -> 8.6; at 64 rows one warp lost (40 x 64x32: 23.1 ->
+    38.9). blocks > 1: the rows shared by a cluster of that many blocks."""
     if slots == "auto":
-        slots = 8 if rows <= 256 else 16
+        slots = rows if rows <= ONE_WARP_ROWS and blocks == 1 else 8 if rows <= 256 else 16
     for warps in range(min(32, max(1, math.ceil(rows / (blocks * slots)))), 33):
         panel = Panel(width, "lanes", 32 * warps, blocks, cluster=blocks > 1)
         if _fits(rows, panel):
@@ -504,7 +511,8 @@ def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
 # with 8-wide panels, 2.4x for 8 of 2048 rows, slower from about 60 matrices on and even at one (cuBLAS splits K
 # itself there). The default for 2 to 8 aggregated matrices until the fused kernel split its rows over clusters
 # (fifteenth session: faster at 2 x 1024², 4 and 8 x 2048², 2 x 4096²; default_panel_update); the tuner keeps it.
-LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132
+LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132 (lanes panels on one warp whatever the batch)
+ONE_WARP_ROWS = 32  # the most rows of the default's lanes panels on one warp (lanes_panel)
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
 DEFAULT_CLUSTER = 8

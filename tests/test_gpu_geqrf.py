@@ -174,10 +174,11 @@ def test_cli_build_then_import(tmp_path):
     assert check(a, h, tau).ok
 
 
-@pytest.mark.parametrize("variant,index", [("cols", i) for i in range(4)] + [("lanes", i) for i in range(9)])
+@pytest.mark.parametrize("variant,index", [("cols", i) for i in range(4)] + [("lanes", i) for i in range(10)])
 def test_block_variants_every_family(variant, index):
     """The cols panel kernel (warps own column slices, mbarrier per reflector) and the lanes panel kernel (lane c
-    owns column c, warps own row ranges; the last three on clusters of 8, 4 and 2 blocks) through explicit schedules."""
+    owns column c, warps own row ranges; three on clusters of 8, 4 and 2 blocks, the last on one warp with its loop
+    over columns unrolled) through explicit schedules."""
     import cupy
 
     from qrgen.runtime import Factorizer
@@ -540,7 +541,8 @@ def test_column_loop_panels_every_family(m, n, aggregate, batch, blocks):
         panels.append(with_loop(panel, True))
         col += panel.width
     schedule = Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update="split" if aggregate else "cublas")
-    assert all(p.loop for p in schedule.panels)
+    # (panels of at most 32 rows are lanes panels on one warp, whose loop is their own)
+    assert all(p.loop for p in schedule.panels if p.variant != "lanes") and schedule.panels[0].loop
     fac = Factorizer(m, n, schedule, "sm_90")
     for family in FAMILIES:
         a = stress(family, m, n, batch, seed=m + n)

@@ -224,7 +224,12 @@ struct LanesPanel {
   static_assert(NB <= 32, "a lanes panel is at most 32 columns wide");
   static_assert(BLOCKS == 1 || CLUSTER, "the blocks of a lanes panel form a cluster");
   static_assert(!FORMQ || (BLOCKS == 1 && !TRAIL && NB == N && N == K), "Q is formed by one-panel, one-block kernels");
-  static constexpr bool GRAM = TRAIL || FORMQ;  // T from G is needed
+  static constexpr bool UNROLL = WARPS == 1 && BLOCKS == 1;  // row0 is 0: the loops over columns unrolled
+  static constexpr int COLUMN_UNROLL = UNROLL ? NB : 1;
+  // T from G is needed: for the trailing update, and for Q (FORMQ) except on one warp, which applies the
+  // reflectors to the identity's columns backwards instead (each lane its own column: no G, no T, no barrier).
+  static constexpr bool GRAM = TRAIL || (FORMQ && !UNROLL);
+  static constexpr bool BACKWARD_Q = FORMQ && UNROLL;
 
   struct Shared {
     float red[2][WARPS][32];
@@ -245,6 +250,8 @@ struct LanesPanel {
   long long vbs;
   int t, lane, warp, b, g, row0;
   float x[SLOTS];
+  float taus[BACKWARD_Q ? NB : 1];  // every reflector's tau, in every lane
+  float own = 1.0f;  // UNROLL: this lane's reflector scale, applied to its column below the diagonal after the loop
 
   __device__ __forceinline__ void sync() {
     if constexpr (WARPS == 1) {
@@ -254,6 +261,7 @@ struct LanesPanel {
     }
   }
 
+  // Column j (UNROLL: a constant).
   __device__ __forceinline__ void column(int j) {
     float v[SLOTS];
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -261,10 +269,26 @@ struct LanesPanel {
     // A warp whose rows are all below row j (all but the first few, since j < 32) takes the branch without the
     // per-slot masks; the branch is uniform over the warp.
     // (The shuffles stay outside the branch: inside one the compiler wraps them in convergence code.)
+    float sq[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // UNROLL: column j's squared norm below row j
+    if constexpr (UNROLL) {
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+      for (int s = 0; s < SLOTS; ++s) {
+        if (s > j) {
+          v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+          p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
+          sq[s & 3] = fmaf(v[s], v[s], sq[s & 3]);
+        } else {
+          v[s] = 0.0f;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+    }
     const bool below_all = MASK_FREE && row0 > j;
-    if (below_all) {
+    if constexpr (UNROLL) {
+      if (j < SLOTS) pv = x[j];
+    } else if (below_all) {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
     } else {
@@ -317,21 +341,35 @@ struct LanesPanel {
       tot = sm.tot[buf][lane];
       pv = sm.piv[buf][lane];
     }
-    const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
+    const float sigma = UNROLL ? (sq[0] + sq[1]) + (sq[2] + sq[3]) : __shfl_sync(QR_FULL_MASK, tot, j);
     const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
     const Reflector f = make_reflector(alpha, sigma);
     if constexpr (GRAM) {
       // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds v_c.
-      if (warp == 0 && lane < j) sm.gram[lane][j] = fmaf(f.scale, tot, pv);
+      // (UNROLL: column c is still unscaled, so times its own scale.)
+      if (warp == 0 && lane < j) sm.gram[lane][j] = UNROLL ? fmaf(f.scale, tot, pv) * own : fmaf(f.scale, tot, pv);
     }
     if (t == 0) sm.tau[j] = f.tau;
+    if constexpr (BACKWARD_Q) taus[j] = f.tau;
     const bool me = lane == j;
     const bool right = lane > j && lane < NB;
     const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;  // (v_j . column) tau, for columns right of j
     const float ws = w * f.scale;
     // Selects, not branches: every slot's three cases (below, at, above row j) in straight-line code.
     const float at = me ? f.beta : (right ? pv - w : 0.0f);
-    if (below_all) {
+    if constexpr (UNROLL) {
+      // Column j's entries below row j stay unscaled until the loop ends (its scale kept in `own`), so every slot
+      // below row j is one FMA (ws is 0 in lane j).
+      if (me) own = f.scale;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        if (s > j) {
+          x[s] = fmaf(-ws, v[s], x[s]);
+        } else if (s == j) {
+          x[s] = (me || right) ? at : x[s];
+        }
+      }
+    } else if (below_all) {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) x[s] = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
     } else {
@@ -359,8 +397,15 @@ struct LanesPanel {
     if constexpr (CLUSTER) {
       cluster_exchange_init(sm.bar, t);
     }
+    if constexpr (UNROLL) {
+#pragma unroll COLUMN_UNROLL
+      for (int j = 0; j < NB; ++j) column(j);
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) x[s] = s > lane ? x[s] * own : x[s];
+    } else {
 #pragma unroll 1
-    for (int j = 0; j < NB; ++j) column(j);
+      for (int j = 0; j < NB; ++j) column(j);
+    }
     if constexpr (CLUSTER) {
       cluster_sync();  // no block leaves while another reads its shared memory; tau (and G) complete
     } else {
@@ -373,6 +418,32 @@ struct LanesPanel {
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s;
         if (mine && r < NB) rb[(size_t)r * NB] = r <= lane ? x[s] : 0.0f;
+      }
+      if constexpr (BACKWARD_Q) {
+        // Column c of Q = H_0 ... H_{NB-1} e_c, the reflectors applied last to first: v_j (1 in row j, lane j's
+        // entries below it) broadcast as the factorization broadcast column j, the dot with the lane's column local.
+        float q[SLOTS];
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) q[s] = s == lane ? 1.0f : 0.0f;
+#pragma unroll COLUMN_UNROLL
+        for (int j = NB - 1; j >= 0; --j) {
+          float v[SLOTS];
+          float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int s = j + 1; s < SLOTS; ++s) {
+            v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+            p[s & 3] = fmaf(v[s], q[s], p[s & 3]);
+          }
+          const float w = taus[j] * (q[j] + ((p[0] + p[1]) + (p[2] + p[3])));
+          q[j] -= w;
+#pragma unroll
+          for (int s = j + 1; s < SLOTS; ++s) q[s] = fmaf(-w, v[s], q[s]);
+        }
+        float* qb = zt + (size_t)b * M * NB + lane;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          if (mine && s < mp) qb[(size_t)s * NB] = q[s];
+        }
       }
     } else {
       if (g == 0 && t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
@@ -443,7 +514,7 @@ __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;
-  P panel{sm, c0, mp, vld, vbs, t, t & 31, t >> 5, b, g, g * P::RB + (t >> 5) * SLOTS};
+  P panel{sm, c0, mp, vld, vbs, t, t & 31, t >> 5, b, g, P::UNROLL ? 0 : g * P::RB + (t >> 5) * SLOTS};
   panel.run(src, h, tau, vt, zt);
 }
 
