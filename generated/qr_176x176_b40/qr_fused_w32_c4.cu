@@ -65,8 +65,24 @@ struct Reflector {
   float tau, beta, scale;
 };
 
+template <bool SELECTS = false>
 __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   Reflector r;
+  if constexpr (SELECTS) {
+    
+    const float s = fmaf(alpha, alpha, sigma);
+    const bool tiny = s < 1.17549435e-38f;
+    const float sc = tiny ? s * 18446744073709551616.0f : s;
+    const float inv_sc = rsqrtf(sc);
+    const float norm = (sc * inv_sc) * (tiny ? 2.3283064365386963e-10f : 1.0f);
+    const float inv_norm = inv_sc * (tiny ? 4294967296.0f : 1.0f);
+    const float beta = alpha >= 0.0f ? -norm : norm;
+    const bool identity = sigma == 0.0f;
+    r.beta = identity ? alpha : beta;
+    r.tau = identity ? 0.0f : fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
+    r.scale = identity ? 1.0f : __fdividef(1.0f, alpha - beta);
+    return r;
+  }
   if (sigma == 0.0f) {
     r.tau = 0.0f;
     r.beta = alpha;

@@ -53,8 +53,24 @@ struct Reflector {
   float tau, beta, scale;
 };
 
+template <bool SELECTS = false>
 __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   Reflector r;
+  if constexpr (SELECTS) {
+    
+    const float s = fmaf(alpha, alpha, sigma);
+    const bool tiny = s < 1.17549435e-38f;
+    const float sc = tiny ? s * 18446744073709551616.0f : s;
+    const float inv_sc = rsqrtf(sc);
+    const float norm = (sc * inv_sc) * (tiny ? 2.3283064365386963e-10f : 1.0f);
+    const float inv_norm = inv_sc * (tiny ? 4294967296.0f : 1.0f);
+    const float beta = alpha >= 0.0f ? -norm : norm;
+    const bool identity = sigma == 0.0f;
+    r.beta = identity ? alpha : beta;
+    r.tau = identity ? 0.0f : fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
+    r.scale = identity ? 1.0f : __fdividef(1.0f, alpha - beta);
+    return r;
+  }
   if (sigma == 0.0f) {
     r.tau = 0.0f;
     r.beta = alpha;
@@ -269,14 +285,12 @@ struct LanesPanel {
     // A warp whose rows are all below row j (all but the first few, since j < 32) takes the branch without the
     // per-slot masks; the branch is uniform over the warp.
     // (The shuffles stay outside the branch: inside one the compiler wraps them in convergence code.)
-    float sq[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // UNROLL: column j's squared norm below row j
     if constexpr (UNROLL) {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         if (s > j) {
           v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
           p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
-          sq[s & 3] = fmaf(v[s], v[s], sq[s & 3]);
         } else {
           v[s] = 0.0f;
         }
@@ -341,9 +355,9 @@ struct LanesPanel {
       tot = sm.tot[buf][lane];
       pv = sm.piv[buf][lane];
     }
-    const float sigma = UNROLL ? (sq[0] + sq[1]) + (sq[2] + sq[3]) : __shfl_sync(QR_FULL_MASK, tot, j);
+    const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
     const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
-    const Reflector f = make_reflector(alpha, sigma);
+    const Reflector f = make_reflector<UNROLL>(alpha, sigma);
     if constexpr (GRAM) {
       // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds v_c.
       // (UNROLL: column c is still unscaled, so times its own scale.)
