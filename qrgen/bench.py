@@ -82,6 +82,33 @@ def graph_time_us(fn, inputs: list, reps: int) -> float:
         return median_time_us(lambda graph: graph.launch(stream), graphs, reps, warmup=1)
 
 
+def back_to_back_us(fn, calls: int = 100, rounds: int = 5) -> float:
+    """GPU µs a call of fn() with `calls` of them captured back to back in one CUDA graph (after one eager
+    warm-up; no flush, so the L2 stays warm): the kernels' own time, without launch gaps. Median of `rounds`
+    replays; fn's outputs stay alive while the graph is replayed."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            outputs = [fn() for _ in range(calls)]  # noqa: F841
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        start, stop, times = cupy.cuda.Event(), cupy.cuda.Event(), []
+        for _ in range(rounds):
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
+    return float(np.median(times))
+
+
 def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True, torch_reps: int = 5,
              seed: int = 0, with_mixed: bool = False) -> Timing:
     """Time qrgen.geqrf (CuPy arrays) and torch.geqrf (on the same stream, same inputs) and check the gates."""

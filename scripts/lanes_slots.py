@@ -12,7 +12,7 @@ import argparse
 import cupy
 import numpy as np
 
-from qrgen.bench import graph_time_us, median_time_us
+from qrgen.bench import back_to_back_us, graph_time_us, median_time_us
 from qrgen.check import check
 from qrgen.runtime import Factorizer
 from qrgen.schedule import Schedule, lanes_panel
@@ -29,26 +29,6 @@ def q_gates(a, q, r) -> tuple[float, float]:
     factor = np.abs(a - q @ r).sum(-2).max(-1) / (norm_a * n * EPS)
     orth = np.abs(np.swapaxes(q, -1, -2) @ q - np.eye(n)).sum(-2).max(-1) / (n * EPS)
     return float(factor.max()), float(orth.max())
-
-
-def back_to_back_us(fn, x, calls: int = 100) -> float:
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        fn(x)
-        stream.synchronize()
-        stream.begin_capture()
-        outputs = [fn(x) for _ in range(calls)]  # noqa: F841  (alive while the graph runs)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        start, stop, times = cupy.cuda.Event(), cupy.cuda.Event(), []
-        for _ in range(5):
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
-    return float(np.median(times))
 
 
 def lanes_schedule(m: int, n: int, slots) -> Schedule:
@@ -93,7 +73,8 @@ def main() -> None:
                 if fac.fused_q is not None:
                     fns.append(lambda x, fac=fac: fac.run_qr(x, cupy.cuda.get_current_stream()))
                 rows[text].append([(median_time_us(fn, inputs, args.reps), graph_time_us(fn, inputs, args.reps),
-                                    back_to_back_us(fn, inputs[0])) for fn in fns])
+                                    back_to_back_us(lambda fn=fn: fn(inputs[0])))
+                                   for fn in fns])
         for text, rounds in rows.items():
             for i, kind in enumerate(["geqrf", "qr"][:len(rounds[0])]):
                 print(f"  {case} slots={text} {kind} eager / graph / back to back µs: "

@@ -7,6 +7,7 @@ import cupy
 import numpy as np
 
 from qrgen import codegen, cublas
+from qrgen.bench import back_to_back_us
 from qrgen.compile import compile_many
 from qrgen.runtime import split_rows
 
@@ -23,26 +24,6 @@ def kernels(width):
         mod.load(b.cubin)
         funcs.append((mod, mod.get_function(rendered.name)))
     return funcs
-
-
-def graph_us(fn):
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(REPS):
-            fn()
-        graph = stream.end_capture()
-        times = []
-        for _ in range(7):
-            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / REPS)
-    return float(np.median(times))
 
 
 def case(nb, rows, width, nc, ldc):
@@ -81,7 +62,7 @@ def case(nb, rows, width, nc, ldc):
     cerr = float(cupy.abs(c[:, :, :nc] - cref).max() / cupy.abs(cref).max())
     rest = bool((c[:, :, nc:] == c0[:, :, nc:]).all())
     c[...] = c0
-    t_custom, t_blas = graph_us(custom), graph_us(blas)
+    t_custom, t_blas = back_to_back_us(custom, REPS, 7), back_to_back_us(blas, REPS, 7)
     print(f"| {nb} | {rows} | {width} | {nc} | {splits} | {t_blas:.1f} | {t_custom:.1f} | {t_blas / t_custom:.1f}x"
           f" | {werr:.1e} | {cerr:.1e} | {rest} |", flush=True)
 
