@@ -97,6 +97,8 @@ TMAT_THREADS = 1024  # threads per matrix (block products over 4x more threads t
 # and the corner between them.
 TMAT_BLOCKED_MAX = 128
 TMAT_MAX = 2 * TMAT_BLOCKED_MAX
+TMAT_LD = TMAT_BLOCKED_MAX + 4  # floats between rows of G and T in shared memory: 16-byte aligned, 4 banks apart
+TMAT_XLD = 32 + 4  # and of X (32 columns)
 
 
 # The trailing update's products in tf32x3 (templates/cuda/gemm3.cu.j2, cp.async-pipelined): tiles, warps, K per step,
@@ -181,14 +183,14 @@ def render_gemm3(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
 
 def tmat_shared_bytes(a: int) -> int:
     """Dynamic shared memory of the T kernel for `a` reflectors, its halves (the first min(a, TMAT_BLOCKED_MAX), then
-    the rest) rounded up to whole 32-row blocks: G's staging space (the first half's rows, TMAT_BLOCKED_MAX floats
-    each: a half's diagonal block of G, then the corner's G12), T1 and T2 (rows of TMAT_BLOCKED_MAX + 1 floats), X
-    (32 columns: the first half's rows less one block, or TMAT_BLOCKED_MAX rows for the corner)."""
+    the rest) rounded up to whole 32-row blocks: G's staging space (the first half's rows: a half's diagonal block of
+    G, then the corner's G12), T1 and T2 (rows TMAT_LD floats apart, G's too), X (rows TMAT_XLD apart: the first
+    half's rows less one block, or TMAT_BLOCKED_MAX rows for the corner)."""
     if not 1 <= a <= TMAT_MAX:
         raise ValueError(f"the T kernel takes 1 to {TMAT_MAX} reflectors; got {a}")
     h = TMAT_BLOCKED_MAX
     r1, r2 = 32 * -(-min(a, h) // 32), 32 * -(-(a - h) // 32) if a > h else 0
-    return 4 * (r1 * (2 * h + 1) + r2 * (h + 1) + 32 * (h if r2 else r1 - 32))
+    return 4 * ((2 * r1 + r2) * TMAT_LD + TMAT_XLD * (h if r2 else r1 - 32))
 
 
 @dataclass(frozen=True)
@@ -515,7 +517,8 @@ def render_fused(kernel: KernelSpec, arch: str = "sm_90") -> Rendered:
 def render_tmat(arch: str = "sm_90") -> Rendered:
     template = environment().get_template("cuda/tmat.cu.j2")
     return Rendered(TMAT_KERNEL, template.render(version=__version__, arch=arch, k=tmat_kernel(),
-                                                 blocked_max=TMAT_BLOCKED_MAX, tmat_max=TMAT_MAX))
+                                                 blocked_max=TMAT_BLOCKED_MAX, tmat_max=TMAT_MAX, ld=TMAT_LD,
+                                                 xld=TMAT_XLD))
 
 
 def render_all(schedule: Schedule, arch: str = "sm_90", backend: str = "cuda", keep: bool = False) -> list[Rendered]:

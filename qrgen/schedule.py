@@ -491,6 +491,19 @@ def with_loop(panel: Panel, loop: bool) -> Panel:
     return replace(panel, loop=loop) if panel.variant in LOOP_VARIANTS else panel
 
 
+def one_warp_tail(schedule: "Schedule") -> "Schedule":
+    """`schedule` with every panel of at most ONE_WARP_ROWS rows (and 32 columns) on a lanes panel of one warp, the
+    kernel the default gives such a panel (_panel_for): a schedule tuned before that kernel existed may hold such a
+    panel on several warps or a cluster."""
+    panels, col = [], 0
+    for p in schedule.panels:
+        rows = schedule.m - col
+        one = rows <= ONE_WARP_ROWS and p.width <= 32 and p.variant != "tsqr"
+        panels.append(Panel(p.width, "lanes", 32) if one else p)
+        col += p.width
+    return replace(schedule, panels=tuple(panels))
+
+
 def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
     """The heuristic's panel for `rows` rows with `remaining` columns left: the widest of `widths` that one block
     holds, else several blocks (8 columns wide)."""

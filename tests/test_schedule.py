@@ -179,3 +179,22 @@ def test_default_precision_of_the_aggregates(m, n, batch, expect):
     s = default_schedule(Problem(m, n, batch))
     assert (s.precision.update, s.lookahead) == expect
     assert s.precision.project == expect[0] and s.precision.gram == "fp32"
+
+
+def test_one_warp_tail_moves_only_panels_of_at_most_32_rows():
+    """schedule.one_warp_tail: a panel whose rows (m less its first column) are at most ONE_WARP_ROWS goes onto one
+    warp's lanes panel, whatever it ran on; every other panel stays as it was; the committed 176² and 352² files
+    (amended by measurement) already have their tails there."""
+    from qrgen.schedule import ONE_WARP_ROWS, one_warp_tail
+
+    cluster = Panel(32, "lanes", 64, 8, cluster=True)
+    s = Schedule(96, 96, (Panel(32, "lanes", 128), cluster, Panel(16, "lanes", 32, 2, cluster=True),
+                          Panel(16, "warp", 32, loop=True)))
+    t = one_warp_tail(s)
+    assert t.panels[:2] == s.panels[:2]  # 96 and 64 rows
+    assert t.panels[2:] == (Panel(16, "lanes", 32), Panel(16, "lanes", 32))  # 32 and 16 rows
+    assert ONE_WARP_ROWS == 32 and one_warp_tail(t) == t
+    for n in (176, 352):
+        committed, _ = find(Problem(n, n, 40), Target("cuda", "sm_90"))
+        assert committed.panels[-1] == Panel(committed.panels[-1].width, "lanes", 32)
+        assert one_warp_tail(committed) == committed

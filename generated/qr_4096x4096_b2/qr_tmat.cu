@@ -229,8 +229,11 @@ __device__ __forceinline__ void t_row(int row, const float* g, const float* __re
 }
 
 #define TMAT_BLOCKED_MAX 128
-#define TMAT_GL TMAT_BLOCKED_MAX               // G's rows in shared memory, whatever A
-#define TMAT_TLD (TMAT_BLOCKED_MAX + 1)        // T's rows in shared memory (odd: a warp's rows on 32 banks)
+#define TMAT_GL 132   // G's rows in shared memory, whatever A; T's too (TMAT_TLD): 16-byte aligned, 4 banks apart
+#define TMAT_TLD 132
+#define TMAT_XLD 36  // X's rows (32 columns and 4 floats more)
+#define TMAT_RT 2  // rows of a thread's tile in the block products (tmat_product), and in the corner's (128 rows)
+#define TMAT_RT_CORNER 4
 
 __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
@@ -238,14 +241,46 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 }
 
 
-template <int VLD>
-__device__ __forceinline__ float tmat_dot(const float* u, const float* v, int k0, int k1) {
-  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int kb = k0; kb < k1; kb += 32) {
+template <int RT, int LDA, int LDB, bool TRI>
+__device__ __forceinline__ void tmat_product(const float* A, const float* B, int rows, int k1, float* out, int ldo,
+                                             int valid, float sign) {
+  const int tiles = (rows / RT) * 8;
+  for (int e = threadIdx.x; e < tiles; e += blockDim.x) {
+    const int c = (e & 7) << 2, r0 = (e >> 3) * RT;
+    float acc[RT][4];
 #pragma unroll
-    for (int k = 0; k < 32; ++k) s[k & 3] = fmaf(u[kb + k], v[(kb + k) * VLD], s[k & 3]);
+    for (int i = 0; i < RT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    const float* a = A + r0 * LDA;
+    const float* b = B + c;
+    for (int kb = TRI ? (r0 & ~31) : 0; kb < k1; kb += 32) {
+#pragma unroll
+      for (int k = kb; k < kb + 32; k += 4) {
+        float4 u[RT], v[4];
+#pragma unroll
+        for (int i = 0; i < RT; ++i) u[i] = *reinterpret_cast<const float4*>(a + i * LDA + k);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = *reinterpret_cast<const float4*>(b + (k + q) * LDB);
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+          const float uk[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            acc[i][0] = fmaf(uk[q], v[q].x, acc[i][0]);
+            acc[i][1] = fmaf(uk[q], v[q].y, acc[i][1]);
+            acc[i][2] = fmaf(uk[q], v[q].z, acc[i][2]);
+            acc[i][3] = fmaf(uk[q], v[q].w, acc[i][3]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (c + j < valid) out[(size_t)(r0 + i) * ldo + c + j] = sign * acc[i][j];
+      }
+    }
   }
-  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 
@@ -280,20 +315,12 @@ __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const
   for (int bj = 1; bj < nblk; ++bj) {
     const int c0 = bj << 5, cw = min(32, n - c0);
     __syncthreads();  // the previous block column's T (or the diagonal blocks)
-    // X[r][c] = sum_{k < c0} T[r][k] G[k][c0 + c], from r's own block of k on (T is zero left of its diagonal),
-    // a warp per row at a time.
-    for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
-      const int r = e >> 5, c = e & 31;
-      x[e] = tmat_dot<TMAT_GL>(tt + r * TMAT_TLD, gs + c0 + c, r & ~31, c0);
-    }
+    // X[r][c] = sum_{k < c0} T[r][k] G[k][c0 + c], from r's own block of k on (T is zero left of its diagonal).
+    tmat_product<TMAT_RT, TMAT_TLD, TMAT_GL, true>(tt, gs + c0, c0, c0, x, TMAT_XLD, 32, 1.0f);
     __syncthreads();
-    // T[r][c0 + c] = -sum_{k <= c} X[r][k] T_JJ[k][c], over the whole block (T_JJ is zero below its diagonal and in
-    // its rows from n on, X zero in its columns from n on).
-    for (int e = threadIdx.x; e < c0 * 32; e += blockDim.x) {
-      const int r = e >> 5, c = e & 31;
-      const float s = tmat_dot<TMAT_TLD>(x + (r << 5), tt + c0 * TMAT_TLD + c0 + c, 0, 32);
-      if (c < cw) tt[r * TMAT_TLD + c0 + c] = -s;
-    }
+    // T[r][c0 + c] = -sum_{k <= c} X[r][k] T_JJ[k][c] (T_JJ is zero below its diagonal and in its rows from n on, X
+    // zero in its columns from n on).
+    tmat_product<TMAT_RT, TMAT_XLD, TMAT_TLD, false>(x, tt + c0 * TMAT_TLD + c0, c0, 32, tt + c0, TMAT_TLD, cw, -1.0f);
     // the next block column's first barrier orders these writes before their reads
   }
   __syncthreads();
@@ -323,30 +350,23 @@ __device__ __forceinline__ void tmat_corner(const float* __restrict__ g, float* 
   asm volatile("cp.async.wait_all;" ::: "memory");
   for (int c0 = 0; c0 < n2; c0 += 32) {
     __syncthreads();  // G12 (then the previous block column's reads of X)
-    for (int e = threadIdx.x; e < H * 32; e += blockDim.x) {
-      const int r = e >> 5, c = e & 31;
-      x[e] = tmat_dot<TMAT_TLD>(gs + r * TMAT_GL, t2 + c0 + c, 0, c0 + 32);
-    }
+    tmat_product<TMAT_RT_CORNER, TMAT_GL, TMAT_TLD, false>(gs, t2 + c0, H, c0 + 32, x, TMAT_XLD, 32, 1.0f);
     __syncthreads();
-    for (int e = threadIdx.x; e < H * 32; e += blockDim.x) {
-      const int r = e >> 5, c = e & 31;
-      const float s = tmat_dot<32>(t1 + r * TMAT_TLD, x + c, r & ~31, H);
-      if (c0 + c < n2) t[(size_t)r * a + H + c0 + c] = -s;
-    }
+    tmat_product<TMAT_RT_CORNER, TMAT_TLD, TMAT_XLD, true>(t1, x, H, H, t + H + c0, a, n2 - c0, -1.0f);
   }
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 1)
 qr_tmat(const float* __restrict__ gram, const float* __restrict__ tau, float* __restrict__ tmat, int a,
     long long gbs, int tau_stride) {
-  extern __shared__ float sm[];
+  extern __shared__ __align__(16) float sm[];
   const float* g = gram + (size_t)blockIdx.x * gbs;
   const float* ts = tau + (size_t)blockIdx.x * tau_stride;
   float* t = tmat + (size_t)blockIdx.x * gbs;
   const int np1 = (min(a, TMAT_BLOCKED_MAX) + 31) & ~31, np2 = (a - min(a, TMAT_BLOCKED_MAX) + 31) & ~31;
   float* gs = sm;                    // G's diagonal block of the half being built, then G12: np1 x TMAT_GL
   float* t1 = gs + np1 * TMAT_GL;    // T1, np1 x TMAT_TLD; T2 right after it (np2 x TMAT_TLD)
-  float* x = t1 + (np1 + np2) * TMAT_TLD;  // X: (np1 - 32) x 32 for a half, TMAT_BLOCKED_MAX x 32 for the corner
+  float* x = t1 + (np1 + np2) * TMAT_TLD;  // X: np1 - 32 rows for a half, TMAT_BLOCKED_MAX for the corner
   for (int o = 0; o < a; o += TMAT_BLOCKED_MAX) {
     tmat_diagonal(g + (size_t)o * a + o, ts + o, t + (size_t)o * a + o, min(a - o, TMAT_BLOCKED_MAX), a, gs,
                   t1 + o * TMAT_TLD, x);
