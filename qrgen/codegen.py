@@ -105,14 +105,15 @@ TMAT_XLD = 32 + 4  # and of X (32 columns)
 # steps in flight and resident blocks per SM, per product; measured on the H200 against cuBLAS fp32 (BENCHMARKS.md,
 # twelfth session: projections 1.5x with 128 x 64 tiles, updates 1.6x with 64 x 64). project: W = Z^T C, A = Z^T
 # with K contiguous; update: C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous); gram: an
-# aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous).
+# aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that reach G's upper
+# part (upper_only). Every kernel can split K into parts written apart (runtime.gram_splits: G of few matrices).
 GEMM3 = {
     "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
-                    b_kcontig=False),
+                    b_kcontig=False, upper_only=False),
     "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
-                   b_kcontig=False),
+                   b_kcontig=False, upper_only=False),
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
-                 b_kcontig=True),
+                 b_kcontig=True, upper_only=True),
 }
 
 
@@ -136,12 +137,14 @@ def gemm3_kinds(schedule: Schedule) -> tuple[str, ...]:
     """The gemm3 kernels a schedule's tf32x3 products can take: "project" and "update" as its precision says, where
     some product is at least GEMM3_MIN in every dimension (an aggregate with columns right of it, or a panel that
     wide); an update in tf32x3 also takes the aggregates' merges ((VT)^T by the update kernel, and G by the gram
-    kernel where their Gram precision is fp32), which qr's keep plans run for the last aggregate too."""
+    kernel where their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel
+    also serves an fp32 G of few matrices, its K split over more blocks (runtime.gram_splits), whatever the update."""
     p, aggs = schedule.precision, aggregates(schedule)
     trailing = any(a.nc > 0 for a in aggs) or any(panel.width >= GEMM3_MIN for panel in schedule.panels)
+    wide = any(a.a1 - a.a0 >= GEMM3_MIN for a in aggs)  # a G the kernels take
     return tuple(kind for kind, used in (("project", p.project == "tf32x3" and trailing),
                                          ("update", p.update == "tf32x3" and (trailing or bool(aggs))),
-                                         ("gram", p.update == "tf32x3" and p.gram == "fp32" and bool(aggs)))
+                                         ("gram", p.gram == "fp32" and wide))
                  if used)
 
 

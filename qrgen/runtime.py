@@ -599,10 +599,14 @@ class _Workspace:
         self.buffers = {name: cupy.empty((self.chunk, self.sizes.floats(name)), dtype=cupy.float32)
                         for name in buffer_names(fac)}
         self.buffers["t"] = cupy.empty((self.chunk, self.sizes.g), dtype=cupy.float32)
+        self.sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
+        # G in parts (gram_splits): part q of the chunk's matrices q * chunk * sizes.g floats into "g"
+        self.gram_splits = gram_splits(fac, self.chunk, self.sms) if "g" in self.buffers else 1
+        if self.gram_splits > 1:
+            self.buffers["g"] = cupy.empty((self.gram_splits * self.chunk, self.sizes.g), dtype=cupy.float32)
         # The split panel products: partial sums per row block, and a counter per matrix and column tile that the
         # last block of each launch resets (zero between launches).
         split = [L for L in fac.launches if L.nc > 0] if fac.schedule.panel_update == "split" else []
-        self.sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
         self.buffers["part"] = cupy.empty((self.chunk, max([split_rows(L.rows, L.nc, self.chunk, self.sms)[0]
                                                              * L.width * L.nc for L in split] + [1])),
                                           dtype=cupy.float32)
@@ -673,11 +677,12 @@ _P, _I, _L = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
 _SPLIT_PROJECT_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _L, _P, _I, _L, _P, _I, _I, _I)
 _SPLIT_UPDATE_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I)
 _FUSED_PARAMS = _SPLIT_UPDATE_PARAMS  # zt, zld, zs, vt, vld, vs, c, ldc, cs, rows, nc (templates/cuda/fused.cu.j2)
-_TMAT_PARAMS = (_P, _P, _P, _I, _L, _I)
+_TMAT_PARAMS = (_P, _P, _P, _I, _L, _I, _I, _L)  # gram, tau, t, reflectors, G's stride, tau's; G's parts, their stride
 # src, h, tau, vt, zt, ts, its stride; kind, rows, at, out, tau_at, t_at, y, v1 (offsets in ts), c0, vld; vbs
 _TSQR_PARAMS = (_P,) * 6 + (_L,) + (_I,) * 10 + (_L,)
-# The tf32x3 products (templates/cuda/gemm3.cu.j2): a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta.
-_GEMM3_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I, _I, ctypes.c_float, ctypes.c_float)
+# The tf32x3 products (templates/cuda/gemm3.cu.j2): a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta, parts of
+# K, floats between the parts' outputs.
+_GEMM3_PARAMS = (_P, _I, _L, _P, _I, _L, _P, _I, _L, _I, _I, _I, ctypes.c_float, ctypes.c_float, _I, _L)
 _SCALE_PARAMS = (_P, _P, _P, _I, _I, _I)
 
 
@@ -704,6 +709,24 @@ def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
     chunk = -(-rows // splits)
     chunk = -(-chunk // tile) * tile
     return -(-rows // chunk), chunk
+
+
+GRAM_SPLITS_MAX = 8  # parts of an aggregate's G at most (gram_splits)
+GRAM_SPLIT_ROWS = 256  # rows of V a part at least
+
+
+def gram_splits(fac: "Factorizer", chunk: int, sms: int) -> int:
+    """Parts to split the K (rows of V) of an aggregate's G = V^T V into, for `chunk` matrices: where the gram kernel
+    can take G (an fp32 Gram precision: codegen.gemm3_kinds) and the matrices' upper 64 x 64 tiles (3 for 128
+    reflectors) fill fewer than two blocks per SM, enough parts for about that many, at most GRAM_SPLITS_MAX; else
+    1 (G in one piece, from cuBLAS or the gram kernel as the schedule says). The parts go through the tf32x3 gram
+    kernel (fp32-class accuracy), written apart, and the T kernel adds them as it stages G. A cuBLAS SGEMM of G for
+    8 matrices of 2048 rows ran 31 µs an aggregate on 32 blocks (BENCHMARKS.md, seventeenth session's profile)."""
+    if "gram" not in codegen.gemm3_kinds(fac.schedule):
+        return 1
+    a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
+    tiles = sum(1 for i in range(-(-a // 64)) for j in range(-(-a // 64)) if i <= j)
+    return max(1, min(GRAM_SPLITS_MAX, 2 * sms // (chunk * tiles)))
 
 
 def _launch_panel(func, L, batch: int, stream: int, args: _PackedArgs) -> None:
@@ -742,6 +765,7 @@ class _CupyEngine:
         self.src_ptr = None if src is None else src.data.ptr
         self.strides = ws.strides
         self.ptrs = {**ws.ptrs, "h": self.h_ptr}
+        self.gram_parts = 1  # the parts the last G came in (gram_splits), for the T kernel that reads it
 
     def _mark(self, stage, launch):
         if self.stages is None:
@@ -812,7 +836,8 @@ class _CupyEngine:
         a = agg.a1 - agg.a0
         stop = self._mark("tmat", None)
         self._launch(func, (self.nb, 1, 1), codegen.TMAT_THREADS, codegen.tmat_shared_bytes(a), _TMAT_PARAMS,
-                     (self.ptrs["g"], self.tau_ptr + 4 * agg.a0, self.ptrs["t"], a, self.sizes.g, self.fac.k))
+                     (self.ptrs["g"], self.tau_ptr + 4 * agg.a0, self.ptrs["t"], a, self.sizes.g, self.fac.k,
+                      self.gram_parts, self.ws.chunk * self.sizes.g))
         self._done(stop)
 
     def scale(self, phase):
@@ -865,6 +890,15 @@ class _CupyEngine:
             self._done(stop)
             return
         side = side and self.lanes is not None
+        if stage == "gram":
+            self.gram_parts = 1
+            parts = min(self.ws.gram_splits, max(1, depth // GRAM_SPLIT_ROWS))
+            if precision in ("fp32", "tf32x3") and parts > 1 and self._gemm3(
+                    trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
+                    parts):
+                self.gram_parts = parts
+                self._done(stop)
+                return
         if precision == "tf32x3":
             if self._gemm3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
                 self._done(stop)
@@ -876,10 +910,12 @@ class _CupyEngine:
                     sm_target=self.side_sms if side else 0)
         self._done(stop)
 
-    def _gemm3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
+    def _gemm3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
+               parts=1):
         """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
         A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
-        dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise."""
+        dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise.
+        parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_splits, with beta 0)."""
         kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
         if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
@@ -889,10 +925,10 @@ class _CupyEngine:
             return False
         cfg = codegen.GEMM3[kind]
         _, func = self.funcs[codegen.gemm3_name(kind)]
-        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb)
+        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb * parts)
         self._launch(func, grid, codegen.gemm3_threads(cfg), codegen.gemm3_shared_bytes(cfg), _GEMM3_PARAMS,
-                     (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta),
-                     self.lanes.side.ptr if side else self.stream_ptr)
+                     (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, parts,
+                      self.ws.chunk * sc), self.lanes.side.ptr if side else self.stream_ptr)
         return True
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
@@ -1002,8 +1038,8 @@ def gemm3_matmul(a, b, c, alpha: float, beta: float) -> bool:
     func = _common_kernel(kernel, lambda arch: codegen.render_gemm3(kernel, arch), device)
     func((-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), batch), (codegen.gemm3_threads(cfg),),
          (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c, np.int32(ldc), np.int64(sc),
-          np.int32(rows), np.int32(cols), np.int32(depth), np.float32(alpha), np.float32(beta)),
-         shared_mem=kernel.shared_bytes)
+          np.int32(rows), np.int32(cols), np.int32(depth), np.float32(alpha), np.float32(beta), np.int32(1),
+          np.int64(0)), shared_mem=kernel.shared_bytes)
     return True
 
 
@@ -1021,8 +1057,8 @@ def tmatrix_gpu(gram, tau):
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
     if batch and w:
-        func((batch,), (codegen.TMAT_THREADS,), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)),
-             shared_mem=codegen.tmat_shared_bytes(w))
+        func((batch,), (codegen.TMAT_THREADS,), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w), np.int32(1),
+                        np.int64(0)), shared_mem=codegen.tmat_shared_bytes(w))
     return t
 
 

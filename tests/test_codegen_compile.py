@@ -192,7 +192,9 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
     schedule = Schedule(256, 256, tuple(Panel(32, "rows", 64) for _ in range(8)), aggregate=128)
     kernels, launches = codegen.plan(schedule)
-    assert kernels[-1].name == codegen.TMAT_KERNEL and kernels[-1].threads == codegen.TMAT_THREADS == 1024
+    tmat = next(k for k in kernels if k.name == codegen.TMAT_KERNEL)
+    assert tmat.threads == codegen.TMAT_THREADS == 1024
+    assert kernels[-1].name == "qr_gemm3_gram"  # an fp32 G of few matrices in parts (runtime.gram_splits)
     assert [L.nc for L in launches[:4]] == [96, 64, 32, 0] and all(L.trail for L in launches[:4])
     assert [L.v_row for L in launches[:4]] == [0, 32, 64, 96] and {L.v_ld for L in launches[:4]} == {256}
     items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
@@ -202,8 +204,9 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
 
 @needs_nvrtc
 def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
-    """A schedule whose products are tf32x3 brings the gemm3 kernels (only the stages that ask; an update in tf32x3
-    also brings the aggregates' Gram kernel), and they compile for sm_90 without spills."""
+    """A schedule whose products are tf32x3 brings the gemm3 kernels (only the stages that ask); an fp32 Gram matrix
+    of aggregates brings the gram kernel whatever the products (G in tf32x3 where an update in tf32x3 takes the
+    merge, or in parts for few matrices: runtime.gram_splits), and they compile for sm_90 without spills."""
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
     panels = tuple(Panel(32, "rows", 64) for _ in range(8))
     names = {}
@@ -211,9 +214,9 @@ def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
         schedule = Schedule(256, 256, panels, Precision("fp32", project, update), aggregate=128)
         names[update] = [k.name for k in codegen.plan(schedule)[0] if k.variant == "gemm3"]
         if project == "fp32":
-            assert names[update] == []
+            assert names[update] == ["qr_gemm3_gram"]
         if update == "fp32" and project == "tf32x3":
-            assert names[update] == ["qr_gemm3_project"]
+            assert names[update] == ["qr_gemm3_project", "qr_gemm3_gram"]
     assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update", "qr_gemm3_gram"]
     # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
     one = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)

@@ -368,11 +368,11 @@ def test_q_products_of_wide_kept_blocks_in_tf32x3(monkeypatch):
     def gemm3(schedule, keep):
         return [k.name.rsplit("_", 1)[1] for k in plan(schedule, keep)[0] if k.variant == "gemm3"]
 
-    wide = _uniform(256, 256, 32, aggregate=128)  # fp32 products: no gemm3 kernel of its own
+    wide = _uniform(256, 256, 32, aggregate=128)  # fp32 products: of its own only the gram kernel (G in parts)
     a = stress("rowscaled", 256, 256, 2, seed=8)
     q, h, log = simulate.qr(a, wide)
     assert q_precisions(log) == {"tf32x3"}
-    assert gemm3(wide, False) == [] and gemm3(wide, True) == ["project", "update"]
+    assert gemm3(wide, False) == ["gram"] and gemm3(wide, True) == ["project", "update", "gram"]
     # the update's own gemm3 kernels (update, gram): the keep plan adds the projection's
     update3 = _uniform(256, 256, 32, aggregate=64, precision=Precision("fp32", "fp32", "tf32x3"))
     assert gemm3(update3, False) == ["update", "gram"] and gemm3(update3, True) == ["project", "update", "gram"]
@@ -437,3 +437,25 @@ def test_scale_exponents():
     h[4, 0, 0] = 1e-40
     h[5] = np.nan
     assert reference.scale_exponents(h).tolist() == [3, 0, 2, 0, -125, 0]
+
+
+def test_gram_splits_only_for_few_matrices_with_an_fp32_gram():
+    """runtime.gram_splits: an aggregate's G is split over the rows of V where the gram kernel takes it (an fp32 Gram
+    precision, aggregates of 64 columns or more) and the chunk's upper 64 x 64 tiles fill fewer than two blocks per
+    SM of 132; the committed reference files: 8 x 2048² in 8 parts, the others in one."""
+    from qrgen.problem import Target
+    from qrgen.runtime import GRAM_SPLITS_MAX, Factorizer, gram_splits
+    from qrgen.schedule import find
+
+    def splits(m, n, batch, chunk=None):
+        schedule, _ = find(Problem(m, n, batch), Target("cuda", "sm_90"))
+        return gram_splits(Factorizer(m, n, schedule, "sm_90"), chunk or batch, 132)
+
+    assert splits(2048, 2048, 8) == GRAM_SPLITS_MAX == 8
+    assert splits(2048, 2048, 8, chunk=40) == 2 and splits(2048, 2048, 8, chunk=100) == 1
+    assert splits(1024, 1024, 60) == 1 and splits(512, 512, 640) == 1
+    assert splits(4096, 4096, 2) == 1  # an fp16 Gram matrix stays with cuBLAS
+    fp16 = _uniform(256, 256, 32, aggregate=128, precision=Precision("fp16", "fp32", "fp32"))
+    assert "gram" not in codegen.gemm3_kinds(fp16) and "gram" in codegen.gemm3_kinds(_uniform(256, 256, 32,
+                                                                                               aggregate=128))
+    assert "gram" not in codegen.gemm3_kinds(_uniform(96, 160, 32, aggregate=32))  # G narrower than the kernels take

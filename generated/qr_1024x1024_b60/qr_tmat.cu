@@ -241,6 +241,17 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 }
 
 
+__device__ __forceinline__ void stage_g(float* dst, const float* g, int splits, long long ss) {
+  if (splits == 1) {
+    cp_async4(dst, g);
+  } else {
+    float sum = 0.0f;
+    for (int q = 0; q < splits; ++q) sum += __ldcg(g + q * ss);
+    *dst = sum;
+  }
+}
+
+
 template <int RT, int LDA, int LDB, bool TRI>
 __device__ __forceinline__ void tmat_product(const float* A, const float* B, int rows, int k1, float* out, int ldo,
                                              int valid, float sign) {
@@ -285,7 +296,8 @@ __device__ __forceinline__ void tmat_product(const float* A, const float* B, int
 
 
 __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const float* __restrict__ ts,
-                                              float* __restrict__ t, int n, int lda, float* gs, float* tt, float* x) {
+                                              float* __restrict__ t, int n, int lda, float* gs, float* tt, float* x,
+                                              int splits, long long ss) {
   const int nblk = (n + 31) >> 5;
   const int np = nblk << 5;  // n rounded up to whole blocks
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -294,7 +306,7 @@ __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const
     for (int j = lane; j < np; j += 32) {
       if (k >= j) continue;
       if (j < n) {
-        cp_async4(gs + k * TMAT_GL + j, g + (size_t)k * lda + j);
+        stage_g(gs + k * TMAT_GL + j, g + (size_t)k * lda + j, splits, ss);
       } else {
         gs[k * TMAT_GL + j] = 0.0f;
       }
@@ -331,14 +343,14 @@ __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const
 
 
 __device__ __forceinline__ void tmat_corner(const float* __restrict__ g, float* __restrict__ t, int a, float* gs,
-                                            const float* t1, const float* t2, float* x) {
+                                            const float* t1, const float* t2, float* x, int splits, long long ss) {
   constexpr int H = TMAT_BLOCKED_MAX;
   const int n2 = a - H, np2 = (n2 + 31) & ~31;
   const int lane = threadIdx.x & 31;
   for (int r = threadIdx.x >> 5; r < H; r += blockDim.x >> 5) {
     for (int c = lane; c < np2; c += 32) {
       if (c < n2) {
-        cp_async4(gs + r * TMAT_GL + c, g + (size_t)r * a + H + c);
+        stage_g(gs + r * TMAT_GL + c, g + (size_t)r * a + H + c, splits, ss);
       } else {
         gs[r * TMAT_GL + c] = 0.0f;
       }
@@ -358,7 +370,7 @@ __device__ __forceinline__ void tmat_corner(const float* __restrict__ g, float* 
 
 extern "C" __global__ void __launch_bounds__(1024, 1)
 qr_tmat(const float* __restrict__ gram, const float* __restrict__ tau, float* __restrict__ tmat, int a,
-    long long gbs, int tau_stride) {
+    long long gbs, int tau_stride, int splits, long long ss) {
   extern __shared__ __align__(16) float sm[];
   const float* g = gram + (size_t)blockIdx.x * gbs;
   const float* ts = tau + (size_t)blockIdx.x * tau_stride;
@@ -369,8 +381,8 @@ qr_tmat(const float* __restrict__ gram, const float* __restrict__ tau, float* __
   float* x = t1 + (np1 + np2) * TMAT_TLD;  // X: np1 - 32 rows for a half, TMAT_BLOCKED_MAX for the corner
   for (int o = 0; o < a; o += TMAT_BLOCKED_MAX) {
     tmat_diagonal(g + (size_t)o * a + o, ts + o, t + (size_t)o * a + o, min(a - o, TMAT_BLOCKED_MAX), a, gs,
-                  t1 + o * TMAT_TLD, x);
+                  t1 + o * TMAT_TLD, x, splits, ss);
   }
-  if (a > TMAT_BLOCKED_MAX) tmat_corner(g, t, a, gs, t1, t1 + TMAT_BLOCKED_MAX * TMAT_TLD, x);
+  if (a > TMAT_BLOCKED_MAX) tmat_corner(g, t, a, gs, t1, t1 + TMAT_BLOCKED_MAX * TMAT_TLD, x, splits, ss);
 }
 

@@ -69,16 +69,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_gemm3_update(
     const float* __restrict__ a, int lda, long long sa,
     const float* __restrict__ b, int ldb, long long sb,
     float* __restrict__ c, int ldc, long long sc,
-    int M, int N, int K, float alpha, float beta)
+    int M, int N, int K, float alpha, float beta, int splits, long long ss)
 {
   extern __shared__ __align__(16) float smem[];  // STAGES x (A tile, B tile)
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int wm = warp / 2, wn = warp % 2;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-  a += blockIdx.z * sa;
-  b += blockIdx.z * sb;
-  c += blockIdx.z * sc;
+
+  // blockIdx.z: matrix z / splits, and its part z % splits of K (whole steps of BK each, the last part shorter or
+  // empty), written splits apart (ss floats): the caller adds the parts, as the T kernel does G's.
+  const int part = blockIdx.z % splits;
+  a += (blockIdx.z / splits) * sa;
+  b += (blockIdx.z / splits) * sb;
+  c += (blockIdx.z / splits) * sc + part * ss;
+  if (splits > 1) {
+    const int kc = ((K + splits - 1) / splits + BK - 1) / BK * BK;
+    const int k0 = part * kc;
+    K = max(0, min(K - k0, kc));
+
+    a += (long long)k0 * lda;
+
+
+    b += (long long)k0 * ldb;
+
+  }
 
   // Copies for the step at k0 into stage buffer s.
   auto load = [&](int s, int k0) {
