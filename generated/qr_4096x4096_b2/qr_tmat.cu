@@ -232,8 +232,8 @@ __device__ __forceinline__ void t_row(int row, const float* g, const float* __re
 #define TMAT_GL 132   // G's rows in shared memory, whatever A; T's too (TMAT_TLD): 16-byte aligned, 4 banks apart
 #define TMAT_TLD 132
 #define TMAT_XLD 36  // X's rows (32 columns and 4 floats more)
-#define TMAT_RT 2  // rows of a thread's tile in the block products (tmat_product), and in the corner's (128 rows)
-#define TMAT_RT_CORNER 4
+#define TMAT_RT 2         // rows of a thread's tile in the halves' block products (tmat_product)
+#define TMAT_RT_CORNER 4  // and in the corner's (128 rows; measured faster there, slower in the halves)
 
 __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
