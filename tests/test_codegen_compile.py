@@ -339,3 +339,49 @@ def test_tmat_shared_memory_fits_one_block():
     assert codegen.tmat_shared_bytes(codegen.TMAT_BLOCKED_MAX) == 4 * (128 * (132 + 132) + 96 * 36)
     with pytest.raises(ValueError, match="1 to 256"):
         codegen.tmat_shared_bytes(codegen.TMAT_MAX + 1)
+
+
+def _signature(source: str, name: str) -> tuple:
+    """The ctypes of kernel `name`'s parameters as its rendered source declares them."""
+    import ctypes
+    import re
+
+    match = re.search(r'extern "C" __global__ void[^(]*(?:\([^)]*\)[^(]*)*?\b' + name + r"\(([^)]*)\)", source)
+    assert match, name
+    kinds = []
+    for param in match.group(1).split(","):
+        words = param.replace("*", " * ").split()
+        kinds.append(ctypes.c_uint64 if "*" in words else ctypes.c_int64 if words.count("long") == 2
+                     else ctypes.c_uint32 if "unsigned" in words else ctypes.c_int32 if "int" in words
+                     else ctypes.c_float if "float" in words else None)
+    return tuple(kinds)
+
+
+def test_packed_launch_arguments_match_the_kernels_signatures():
+    """The runtime packs each kernel's arguments by a tuple of ctypes (runtime._PANEL_PARAMS and the like) that the
+    driver copies by size: every tuple has the count, order and widths of the parameters its kernels declare (a
+    mismatch would read the wrong bytes on the GPU, with no error)."""
+    from qrgen import runtime
+    from qrgen.schedule import Precision
+
+    expected = {"rows": runtime._PANEL_PARAMS, "lanes": runtime._PANEL_PARAMS, "warp": runtime._PANEL_PARAMS,
+                "cols": runtime._PANEL_PARAMS, "tsqr": runtime._TSQR_PARAMS, "tmat": runtime._TMAT_PARAMS,
+                "gemm3": runtime._GEMM3_PARAMS, "scale": runtime._SCALE_PARAMS, "fused": runtime._FUSED_PARAMS,
+                "project": runtime._SPLIT_PROJECT_PARAMS, "update": runtime._SPLIT_UPDATE_PARAMS}
+    schedules = [
+        Schedule(256, 256, tuple(Panel(32, "rows", 64) for _ in range(8)), Precision("fp32", "tf32x3", "tf32x3"),
+                 aggregate=128, panel_update="fused"),
+        Schedule(256, 256, tuple(Panel(16, "lanes", 128) for _ in range(16)), Precision("fp16", "fp32", "fp16"),
+                 aggregate=64, panel_update="split"),
+        Schedule(4096, 32, (Panel(16, "tsqr", 256, tile=512), Panel(16, "tsqr", 256, tile=512))),
+        Schedule(128, 128, tuple(Panel(32, "warp", 32) for _ in range(4))),
+        Schedule(64, 64, (Panel(64, "cols", 256, slice=8),)),
+    ]
+    seen = set()
+    for schedule in schedules:
+        kernels = {k.name: k for k in codegen.plan(schedule)[0]}
+        for rendered in codegen.render_all(schedule, "sm_90"):
+            variant = kernels[rendered.name].variant
+            assert _signature(rendered.source, rendered.name) == expected[variant], rendered.name
+            seen.add(variant)
+    assert seen == set(expected)
