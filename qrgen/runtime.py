@@ -13,7 +13,7 @@ import numpy as np
 from . import codegen, cublas, replay
 from .compile import Binary, compile_many
 from .problem import Problem, Target
-from .schedule import Schedule, check_precision, find
+from .schedule import PORTABLE_CLUSTER, Schedule, check_precision, find
 
 _KDLCUDA = 2
 
@@ -162,7 +162,8 @@ class Factorizer:
                 return self._functions[device_id]
             if not self.binaries:
                 self.build()
-            funcs = {b.name: load_function(b, self.shared_bytes[b.name]) for b in self.binaries}
+            specs = {k.name: k for k in self.kernels}
+            funcs = {b.name: load_function(b, self.shared_bytes[b.name], specs[b.name]) for b in self.binaries}
             self._functions[device_id] = funcs
             return funcs
 
@@ -1002,9 +1003,31 @@ def _common_kernel(kernel: codegen.KernelSpec, render, device: int):
     return _COMMON_FUNCTIONS[key][1]
 
 
-def load_function(binary: Binary, shared_bytes: int) -> tuple:
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # (CuPy does not name it)
+
+
+class _LaunchConfig(ctypes.Structure):
+    """The driver's CUlaunchConfig (cuda.h), for cuOccupancyMaxActiveClusters."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+def max_active_clusters(func_ptr: int, blocks: int, threads: int, shared_bytes: int) -> int:
+    """How many clusters of `blocks` blocks of this kernel (its cluster size compiled in) the current device can
+    hold at once (cuOccupancyMaxActiveClusters): 0 where no GPC has room for one."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    count = ctypes.c_int(0)
+    config = _LaunchConfig((blocks, 1, 1), (threads, 1, 1), shared_bytes, None, None, 0)
+    status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(func_ptr), ctypes.byref(config))
+    if status != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status}")
+    return count.value
+
+
+def load_function(binary: Binary, shared_bytes: int, kernel: "codegen.KernelSpec | None" = None) -> tuple:
     """(module, function) of a compiled kernel on the current device, allowed its dynamic shared memory (past
-    48 KiB a kernel must ask for it)."""
+    48 KiB a kernel must ask for it) and, for a cluster of more than PORTABLE_CLUSTER blocks, the non-portable
+    cluster size; a GPU that cannot hold one such cluster is an error that says so."""
     import cupy
 
     module = cupy.cuda.function.Module()
@@ -1013,6 +1036,13 @@ def load_function(binary: Binary, shared_bytes: int) -> tuple:
     if shared_bytes > 48 * 1024:
         cupy.cuda.driver.funcSetAttribute(func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           shared_bytes)
+    if kernel is not None and kernel.cluster and kernel.blocks > PORTABLE_CLUSTER:
+        cupy.cuda.driver.funcSetAttribute(func.ptr, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        if max_active_clusters(func.ptr, kernel.blocks, kernel.threads, shared_bytes) < 1:
+            raise RuntimeError(
+                f"kernel {binary.name} runs on clusters of {kernel.blocks} blocks, more than this GPU can hold at "
+                f"once (the portable most is {PORTABLE_CLUSTER}); use a schedule whose panels have clusters of at most "
+                f"{PORTABLE_CLUSTER} blocks (qrgen tune, or the default schedule)")
     return module, func
 
 def gemm3_matmul(a, b, c, alpha: float, beta: float) -> bool:

@@ -24,7 +24,13 @@ PRODUCT_PRECISIONS = PRECISIONS + ("tf32x3",)
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
-MAX_CLUSTER = 8  # blocks in a portable thread-block cluster (sm_90)
+# Blocks per thread-block cluster: 8 is the portable most (sm_90); 16 is the H100/H200's non-portable most, which
+# qrgen asks the driver for where a kernel needs it (runtime.load_function). A GPU that cannot hold such a cluster
+# (too few SMs in one GPC) gets a clear error at the first call. Measured on the H200 (BENCHMARKS.md, twentieth
+# session; graph replay, the same tuned schedules with 16-block lanes panels for 8-block ones): 2 x 4096² 10,385
+# -> 9,321 µs, 1 x 4096² 9,260 -> 8,045, 1 x 2048² 3,316 -> 3,160.
+PORTABLE_CLUSTER = 8
+MAX_CLUSTER = 16
 CLUSTER_SLOTS = 4  # the default's most rows per thread on a cluster (cluster_panel)
 PANEL_UPDATES = ("cublas", "split", "fused")
 
@@ -49,14 +55,14 @@ class Panel:
     variant "warp": one warp per matrix, the panel's rows spread over its lanes, all columns in registers.
     variant "rows": `threads` threads in each of `blocks` blocks per matrix share the rows; each thread holds
                     its rows' columns in registers; blocks > 1 exchange partial sums through global memory, or
-                    with cluster=True (2 to 8 blocks) through each other's shared memory as one thread-block
-                    cluster (a hardware barrier per column instead of flags in global memory).
+                    with cluster=True (2 to MAX_CLUSTER blocks) through each other's shared memory as one
+                    thread-block cluster (a hardware barrier per column instead of flags in global memory).
     variant "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
                     turn as producer of those reflectors (published to shared memory, one mbarrier each).
     variant "lanes": one block per matrix; lane c of every warp owns column c, the warps own consecutive row
                     ranges (threads a multiple of 32); the loop over columns is not unrolled, except on one warp
-                    (threads=32, blocks=1), where every row is a constant. With cluster=True (2 to 8 blocks) the
-                    blocks of one cluster share the rows.
+                    (threads=32, blocks=1), where every row is a constant. With cluster=True (2 to MAX_CLUSTER
+                    blocks) the blocks of one cluster share the rows.
     variant "tsqr": for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
                     `threads`, at least twice the width), each on one block as "rows" factors a panel, then Q's
                     columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh.j2).
@@ -84,7 +90,8 @@ class Panel:
                 raise ValueError(f"Panel.threads must be a multiple of 32 from 32 to 1024 for variant 'lanes', "
                                  f"got {self.threads!r}")
             if self.blocks != 1 and not self.cluster:
-                raise ValueError("Panel variant 'lanes' takes blocks=1, or 2 to 8 blocks with cluster=True")
+                raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 to {MAX_CLUSTER} blocks with cluster=True; "
+                                 f"got blocks={self.blocks!r} with cluster={self.cluster!r}")
         elif self.variant != "cols" and self.threads not in THREADS:
             raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
         if not isinstance(self.blocks, int) or self.blocks < 1:
@@ -505,6 +512,19 @@ def one_warp_tail(schedule: "Schedule") -> "Schedule":
     return replace(schedule, panels=tuple(panels))
 
 
+def with_cluster(schedule: "Schedule", blocks: int, min_rows: int = 0) -> "Schedule":
+    """`schedule` with every cluster panel of at least `min_rows` rows on clusters of `blocks` blocks instead (a
+    lanes panel of CLUSTER_LANE_SLOTS rows per warp where it fits, else a rows panel: cluster_lanes_panel); panels
+    that fit neither, and panels not on clusters, stay as they are."""
+    panels, col = [], 0
+    for p in schedule.panels:
+        rows = schedule.m - col
+        q = cluster_lanes_panel(rows, p.width, blocks) if p.cluster and rows >= min_rows else None
+        panels.append(with_loop(q, p.loop) if q is not None else p)
+        col += p.width
+    return replace(schedule, panels=tuple(panels))
+
+
 def default_panel(rows: int, remaining: int, widths=(32, 16, 8)) -> Panel:
     """The heuristic's panel for `rows` rows with `remaining` columns left: the widest of `widths` that one block
     holds, else several blocks (8 columns wide)."""
@@ -529,7 +549,7 @@ LANES_MAX_BATCH = 264  # two blocks per SM of the H200's 132 (lanes panels on on
 ONE_WARP_ROWS = 32  # the most rows of the default's lanes panels on one warp (lanes_panel)
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
-DEFAULT_CLUSTER = 8
+DEFAULT_CLUSTER = MAX_CLUSTER
 CLUSTER_FROM = 2048  # rows from which a single matrix's default panels run on clusters (default_cluster)
 TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 by default (default_precision)
 
@@ -563,8 +583,11 @@ def default_panel_update(problem: Problem) -> str:
 def default_cluster(problem: Problem) -> int:
     """Blocks per cluster of the default's rows panels (0: none). One matrix leaves all but a few SMs idle; a
     cluster of 8 blocks per panel (no aggregates) measured on the H200, graph replay: 1 x 8192x512 4.54 -> 2.18 ms,
-    1 x 4096x1024 5.87 -> 3.99, 1 x 2048² 6.82 -> 6.40 (BENCHMARKS.md, 2026-11-30). Where the rows are too many
-    for a cluster's registers, the default's multi-block panels."""
+    1 x 4096x1024 5.87 -> 3.99, 1 x 2048² 6.82 -> 6.40 (BENCHMARKS.md, 2026-11-30); clusters of 16 against 8 on
+    the committed (tuned) schedules: 1 x 4096² 9,260 -> 8,045 µs, 1 x 4096x1024 2,885 -> 2,268, 1 x 8192x512 1,621
+    -> 1,297, 1 x 2048² 3,316 -> 3,160 (twentieth session; at 2 to 8 aggregated matrices of 2048² no gain or a
+    loss: 8 x 2048² 4,590 -> 5,072). Where the rows are too many for a cluster's registers, the default's
+    multi-block panels."""
     return DEFAULT_CLUSTER if problem.batch == 1 and problem.m >= CLUSTER_FROM else 0
 
 

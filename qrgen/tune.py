@@ -30,8 +30,8 @@ from . import __version__
 from .codegen import without_idle_tf32x3
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, PANEL_UPDATES, PRECISIONS,
-                       PRODUCT_PRECISIONS, SCHEDULE_DIR,
+from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, MAX_CLUSTER, PANEL_UPDATES,
+                       PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
                        TSQR_PANEL, Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
                        default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
 
@@ -46,7 +46,8 @@ RUNOFF_SIZE = 3
 RUNOFF_ROUNDS = 3
 CLUSTER_TRIALS_MAX_BATCH = 16  # early cluster trials while 8-block clusters of every matrix fit on the 132 SMs
 CLUSTER_SLOTS_CHOICES = (1, 2, 4)  # most rows per thread of a cluster panel (schedule.cluster_panel)
-CLUSTERS = (0, 2, 4, 8)  # rows panels: 0 one block per matrix (or flag-exchanging blocks where one cannot hold it)
+CLUSTERS = (0, 2, 4, 8, 16)  # rows panels: 0 one block per matrix (or flag-exchanging blocks where one cannot hold it)
+WIDE_CLUSTER_MAX_BATCH = 4  # an early lanes trial on clusters of 16 (schedule.MAX_CLUSTER) for this many matrices
 LANES_SLOTS = ("auto", 4, 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 COLS_WIDTHS = (32, 48, 64, 96, 128)
 COLS_SLICES = (2, 4, 8)
@@ -364,8 +365,9 @@ def _variations(problem: Problem) -> list[dict]:
     reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
     20, tuning margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's
     aggregates and precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8
-    (16 and 32 rows per warp); where the default has clusters, the default without them; where it has warp or rows
-    panels, the other column loop; with aggregates, the other lookaheads."""
+    (16 and 32 rows per warp; for up to WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default
+    has clusters, the default without them; where it has warp or rows panels, the other column loop; with
+    aggregates, the other lookaheads."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:
@@ -380,6 +382,9 @@ def _variations(problem: Problem) -> list[dict]:
         lanes = {key: rows[key] for key in ("split", *shared)}
         found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8, "loop": False}
                   for slots in (16, 32)]
+        if problem.batch <= WIDE_CLUSTER_MAX_BATCH:
+            found.append({**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": 16, "lanes_cluster": MAX_CLUSTER,
+                          "loop": False})
         if problem.m >= TSQR_WARM_ROWS:
             found.append({**lanes, "family": "tsqr", **TSQR_WARM})
     if params.get("lanes_cluster"):  # the default's clusters (single matrices): the default without them

@@ -25,7 +25,7 @@ CONFIGS = {"project": {k: v for k, v in codegen.GEMM3["project"].items() if k !=
 
 
 def config(cfg: str, a_mcontig: bool) -> dict:
-    return {"b_kcontig": False, **CONFIGS[cfg], "a_mcontig": a_mcontig}
+    return {"b_kcontig": False, **CONFIGS[cfg], "a_mcontig": a_mcontig, "upper_only": False}
 
 
 def build(cfg: str, a_mcontig: bool):
@@ -69,7 +69,8 @@ def gemm3(cfg, a, a_mcontig, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, batch, al
     grid = ((N + c_["bn"] - 1) // c_["bn"], (M + c_["bm"] - 1) // c_["bm"], batch)
     func(cfg, a_mcontig)(grid, (codegen.gemm3_threads(c_),),
                          (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c, np.int32(ldc),
-                          np.int64(sc), np.int32(M), np.int32(N), np.int32(K), np.float32(alpha), np.float32(beta)),
+                          np.int64(sc), np.int32(M), np.int32(N), np.int32(K), np.float32(alpha), np.float32(beta),
+                          np.int32(1), np.int64(0)),
                          shared_mem=codegen.gemm3_shared_bytes(c_))
 
 

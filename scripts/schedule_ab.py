@@ -5,8 +5,9 @@ on a batch of every stress family first.
     python scripts/schedule_ab.py 60x1024x1024 640x512x512 --variant panel_update=cublas --variant aggregate=64
 
 A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead and
-panel_update, or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp); it applies
-to every case (a case whose schedule rejects it says why and goes on).
+panel_update, or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
+(qrgen.schedule.with_cluster: the cluster panels on clusters of B blocks); it applies to every case (a case whose
+schedule rejects it says why and goes on).
 """
 import argparse
 import dataclasses
@@ -17,10 +18,10 @@ import numpy as np
 from qrgen import runtime
 from qrgen.bench import graph_time_us, median_time_us
 from qrgen.check import check
-from qrgen.schedule import one_warp_tail
+from qrgen.schedule import one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
-FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "one_warp_tail": int}
+FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "one_warp_tail": int, "cluster": int}
 
 
 def parse(text: str) -> dict:
@@ -46,9 +47,11 @@ def main():
         for text, fields in variants:
             try:
                 fields = dict(fields)
-                tail = fields.pop("one_warp_tail", 0)
+                tail, blocks = fields.pop("one_warp_tail", 0), fields.pop("cluster", 0)
                 schedule = dataclasses.replace(base.schedule, **fields)
-                facs[text] = runtime.Factorizer(m, n, one_warp_tail(schedule) if tail else schedule, "sm_90")
+                schedule = one_warp_tail(schedule) if tail else schedule
+                schedule = with_cluster(schedule, blocks) if blocks else schedule
+                facs[text] = runtime.Factorizer(m, n, schedule, "sm_90")
             except ValueError as exc:
                 print(f"{case} {text}: rejected ({exc})", flush=True)
         rng = np.random.default_rng(0)

@@ -174,6 +174,7 @@ LANES_SCHEDULES = [
     _lanes_schedule(1000, 300, 32, 8, aggregate=128, blocks=4),
     _lanes_schedule(10, 100, 32, 8, blocks=2),  # a wide matrix: one warp in each of two blocks
     _lanes_schedule(48, 80, 16, 48),  # one warp and one block: columns unrolled, each panel with columns right of it
+    _lanes_schedule(2048, 96, 32, 16, aggregate=64, blocks=16),  # a non-portable cluster of 16 blocks
 ]
 
 
@@ -255,10 +256,10 @@ def test_lanes_panels_on_clusters():
     assert "__cluster_dims__(8, 1, 1)" in source and "push_peer(&sm.xr[buf][g][lane], sum" in source
     assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true, false>" in source
     assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
-    with pytest.raises(ValueError, match="blocks=1, or 2 to 8 blocks with cluster=True"):
+    with pytest.raises(ValueError, match="blocks=1, or 2 to 16 blocks with cluster=True; got blocks=8"):
         Panel(32, "lanes", 512, 8)
     with pytest.raises(ValueError, match="Panel.cluster"):
-        Panel(32, "lanes", 512, 16, cluster=True)
+        Panel(32, "lanes", 512, 17, cluster=True)
 
 
 @needs_nvrtc

@@ -86,14 +86,14 @@ def test_unknown_json_field():
 
 
 def test_cluster_panels():
-    """Rows panels on a cluster of 2 to 8 blocks: validated, named apart, no flags or cooperative launch."""
+    """Rows panels on a cluster of 2 to 16 blocks: validated, named apart, no flags or cooperative launch."""
     from qrgen import codegen
     from qrgen.schedule import cluster_panel
 
     panel = cluster_panel(8192, 32, 8)
     assert panel.cluster and panel.blocks == 8 and panel.variant == "rows"
     assert cluster_panel(8192, 32, 8) != Panel(32, "rows", panel.threads, 8)
-    for kwargs in ({"variant": "warp", "threads": 32, "blocks": 1}, {"blocks": 1}, {"blocks": 16},
+    for kwargs in ({"variant": "warp", "threads": 32, "blocks": 1}, {"blocks": 1}, {"blocks": 17},
                    {"cluster": 1}):
         with pytest.raises(ValueError, match="Panel.cluster"):
             Panel(32, **{"variant": "rows", "threads": 128, "blocks": 2, "cluster": True, **kwargs})
@@ -198,3 +198,24 @@ def test_one_warp_tail_moves_only_panels_of_at_most_32_rows():
         committed, _ = find(Problem(n, n, 40), Target("cuda", "sm_90"))
         assert committed.panels[-1] == Panel(committed.panels[-1].width, "lanes", 32)
         assert one_warp_tail(committed) == committed
+
+
+def test_with_cluster_moves_only_cluster_panels():
+    """schedule.with_cluster: every cluster panel (from min_rows rows) onto clusters of the given size, lanes panels
+    of CLUSTER_LANE_SLOTS rows per warp where they fit; panels on one block and the widths stay as they were."""
+    from qrgen.schedule import cluster_lanes_panel, default_panel, lanes_panel, with_cluster
+
+    panels, col = [], 0
+    for width in (32, 32, 16, 32):
+        rows = 4096 - col
+        panels.append(cluster_lanes_panel(rows, width, 8) if col < 80 else default_panel(rows, width))
+        col += panels[-1].width
+    s = Schedule(4096, col, tuple(panels), aggregate=64)
+    t = with_cluster(s, 16)
+    assert [p.width for p in t.panels] == [p.width for p in s.panels] and t.aggregate == 64
+    assert [p.cluster for p in s.panels] == [True] * 3 + [False]
+    assert [(p.cluster, p.blocks) for p in t.panels[:3]] == [(True, 16)] * 3 and t.panels[3] == s.panels[3]
+    assert t.panels[0] == lanes_panel(4096, 32, 16, 16) and t.panels[0].threads == 512
+    u = with_cluster(s, 16, min_rows=4096 - 40)
+    assert [p.blocks for p in u.panels[:3]] == [16, 16, 8] and u.panels[3] == s.panels[3]
+    assert with_cluster(t, 16) == t

@@ -298,15 +298,16 @@ def test_cost_model_ranks_tsqr_as_measured(m, n):
 
 
 def test_single_tall_matrices_default_to_clusters():
-    """One matrix of 2048 rows or more: rows panels on clusters of 8 blocks where they fit, no aggregates;
+    """One matrix of 2048 rows or more: rows panels on clusters of 16 blocks where they fit, no aggregates;
     rows beyond a cluster's registers fall back to the multi-block panels; from TSQR_FROM rows and TSQR_ASPECT
     rows a column (up to TSQR_MAX_BATCH matrices), tsqr panels where a panel has two tiles of rows."""
-    from qrgen.schedule import TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH
+    from qrgen.schedule import DEFAULT_CLUSTER, MAX_CLUSTER, TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH
 
     schedule = default_schedule(Problem(8192, 512, 1))
-    assert all(p.cluster and p.blocks == 8 for p in schedule.panels) and schedule.aggregate == 0
-    schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 1))
-    assert not any(p.cluster for p in schedule.panels) and schedule.panels[0].blocks > 1
+    assert DEFAULT_CLUSTER == MAX_CLUSTER == 16
+    assert all(p.cluster and p.blocks == 16 for p in schedule.panels) and schedule.aggregate == 0
+    schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 1))  # (a cluster's registers hold the later panels)
+    assert not schedule.panels[0].cluster and schedule.panels[0].blocks > 1
     assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 2)).panels)
     for batch in (1, TSQR_MAX_BATCH):
         schedule = default_schedule(Problem(100000, 32, batch))
