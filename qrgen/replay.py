@@ -1,15 +1,17 @@
-"""CUDA-graph replay of host-bound calls: a call of a small shape queues many launches, and the host's time to queue
-them (Python, CuPy, the driver: 10-20 us each) exceeds the GPU's time to run them. From the second call of one kind
-(function, shapes, device, stream) on, such a call copies its inputs into buffers of its own, replays a CUDA graph
-captured once from the same launch sequence on those buffers, and copies the graph's outputs into new arrays for
-the caller: three to five host operations instead of dozens, for two copies of data that is small by construction.
+"""CUDA-graph replay of host-bound calls: a call of a small shape, or of a few large matrices, queues many launches,
+and the host's time to queue them (Python, CuPy, the driver: 10-20 us each) exceeds the GPU's time to run them.
+From the second call of one kind (function, shapes, device, stream) on, such a call copies its inputs into buffers
+of its own, replays a CUDA graph captured once from the same launch sequence on those buffers, and copies the
+graph's outputs into new arrays for the caller: three to five host operations instead of dozens (or hundreds), for
+two copies of the data.
 
-The graph's temporaries and outputs come from a memory pool of its own, so that nothing allocated after the capture
-can take memory the graph still writes; what outlives a graph (the workspace kept for its stream, a cuBLAS handle's)
-is made by one eager run before the capture, from the caller's allocator. A plan serves one stream (replays on it
-are ordered by the stream; the lock keeps each call's copy-in, replay and copy-out together). Calls made while the
-caller's stream is being captured (the caller's own graph) run eagerly, as do all calls with QRGEN_REPLAY=0 in the
-environment.
+The graphs' buffers hold at most HELD_MAX_BYTES of device memory in all (a kind whose capture would pass it runs
+eagerly). The graph's temporaries and outputs come from a memory pool of its own, so that nothing allocated after
+the capture can take memory the graph still writes; what outlives a graph (the workspace kept for its stream, a
+cuBLAS handle's) is made by one eager run before the capture, from the caller's allocator. A plan serves one stream
+(replays on it are ordered by the stream; the lock keeps each call's copy-in, replay and copy-out together). Calls
+made while the caller's stream is being captured (the caller's own graph) run eagerly, as do all calls with
+QRGEN_REPLAY=0 in the environment.
 """
 from __future__ import annotations
 
@@ -17,12 +19,19 @@ import os
 import threading
 from dataclasses import dataclass
 
-# Inputs up to this many floats (32 MiB; geqrf's 16 MiB): the copies cost the GPU a few to 30 us. Measured on the
-# H200 (BENCHMARKS.md, sixteenth session), eager with replay against without: qr 40 x 352² (5M floats) 1,185 ->
-# 906 us, geqrf 40 x 352² 606-637 -> 611-656 (no gain: its 16 launches cost the host less than the GPU's time).
+# Inputs up to this many floats (32 MiB): the copies cost the GPU a few to 30 us. Measured on the H200 (BENCHMARKS.md,
+# sixteenth session), eager with replay against without: qr 40 x 352² (5M floats) 1,185 -> 906 us, geqrf 40 x 352²
+# 606-637 -> 611-656 (no gain: its 16 launches cost the host less than the GPU's time).
 REPLAY_MAX_FLOATS = 1 << 23
-GEQRF_MAX_FLOATS = 1 << 22
+# geqrf up to 2^25 floats (128 MiB): its large calls on few matrices queue hundreds of launches whose host time
+# exceeds the copies' (about 30 us each way at 64 MiB). Eager with replay against without, three rounds in turn
+# (BENCHMARKS.md, twentieth session): 1 x 4096² 11,266 / 13,799 / 14,007 -> 8,141 / 8,167 / 8,106 us (its graph
+# replay: 8,007), 2 x 4096² 14,112 / 10,000 / 9,982 -> 9,763 / 9,719 / 9,658, 8 x 2048² 4,847 / 4,841 / 4,930 ->
+# 4,811 / 4,755 / 4,753; 60 x 1024² (2^26 floats) lost (4,463 -> 4,704, nineteenth session), as a batch of that many
+# floats and fewer launches would.
+GEQRF_MAX_FLOATS = 1 << 25
 REPLAY_PLANS = 32  # kinds tracked at most (a graph holds a copy of its buffers); past them calls run eagerly
+HELD_MAX_BYTES = 1 << 30  # device memory the graphs' own buffers may hold in all; a capture past it is dropped
 _ENV = "QRGEN_REPLAY"
 
 
@@ -37,6 +46,7 @@ class _Plan:
     inputs: tuple = ()
     outputs: tuple = ()
     keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
+    held: int = 0  # bytes of device memory the graph's inputs and pool hold
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -109,7 +119,11 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
                     graph = side.end_capture()
         except Exception:  # a launch sequence that cannot be captured runs eagerly (fn raises again if it is wrong)
             return
-    plan.graph, plan.inputs, plan.outputs = graph, inputs, tuple(outputs)
+    held = sum(a.nbytes for a in inputs) + pool.total_bytes()
+    if held + sum(p.held for p in _PLANS.values()) > HELD_MAX_BYTES:  # this kind runs eagerly; its memory goes
+        plan.keep = ()
+        return
+    plan.graph, plan.inputs, plan.outputs, plan.held = graph, inputs, tuple(outputs), held
 
 
 def clear() -> None:

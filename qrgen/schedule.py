@@ -90,8 +90,8 @@ class Panel:
                 raise ValueError(f"Panel.threads must be a multiple of 32 from 32 to 1024 for variant 'lanes', "
                                  f"got {self.threads!r}")
             if self.blocks != 1 and not self.cluster:
-                raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 to {MAX_CLUSTER} blocks with cluster=True; "
-                                 f"got blocks={self.blocks!r} with cluster={self.cluster!r}")
+                raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 to {MAX_CLUSTER} blocks with "
+                                 f"cluster=True; got blocks={self.blocks!r} with cluster={self.cluster!r}")
         elif self.variant != "cols" and self.threads not in THREADS:
             raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
         if not isinstance(self.blocks, int) or self.blocks < 1:
@@ -434,12 +434,12 @@ def cluster_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_SLOTS
 CLUSTER_LANE_SLOTS = 16  # rows per warp of the default's lanes panels on clusters (cluster_lanes_panel)
 
 
-def cluster_lanes_panel(rows: int, width: int, blocks: int) -> Panel | None:
+def cluster_lanes_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_LANE_SLOTS) -> Panel | None:
     """The default's panel on a cluster of `blocks` blocks: lanes panels of CLUSTER_LANE_SLOTS rows per warp where
     they fit, else rows panels (cluster_panel). Measured on the H200 against rows panels on the same clusters
     (BENCHMARKS.md, eighth session; graph replay): 1 x 2048² 4,104 -> 3,602 µs, 1 x 4096x1024 3,125 -> 2,963,
     1 x 4096² 12,779 -> 12,412, 2 x 4096² 14,115 -> 11,224; 32 rows per warp was slower at each."""
-    return lanes_panel(rows, width, CLUSTER_LANE_SLOTS, blocks) or cluster_panel(rows, width, blocks)
+    return lanes_panel(rows, width, slots, blocks) or cluster_panel(rows, width, blocks)
 
 
 def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 1) -> Panel | None:
@@ -512,14 +512,15 @@ def one_warp_tail(schedule: "Schedule") -> "Schedule":
     return replace(schedule, panels=tuple(panels))
 
 
-def with_cluster(schedule: "Schedule", blocks: int, min_rows: int = 0) -> "Schedule":
+def with_cluster(schedule: "Schedule", blocks: int, min_rows: int = 0,
+                 slots: int = CLUSTER_LANE_SLOTS) -> "Schedule":
     """`schedule` with every cluster panel of at least `min_rows` rows on clusters of `blocks` blocks instead (a
-    lanes panel of CLUSTER_LANE_SLOTS rows per warp where it fits, else a rows panel: cluster_lanes_panel); panels
-    that fit neither, and panels not on clusters, stay as they are."""
+    lanes panel of about `slots` rows per warp where it fits, else a rows panel: cluster_lanes_panel); panels that
+    fit neither, and panels not on clusters, stay as they are."""
     panels, col = [], 0
     for p in schedule.panels:
         rows = schedule.m - col
-        q = cluster_lanes_panel(rows, p.width, blocks) if p.cluster and rows >= min_rows else None
+        q = cluster_lanes_panel(rows, p.width, blocks, slots) if p.cluster and rows >= min_rows else None
         panels.append(with_loop(q, p.loop) if q is not None else p)
         col += p.width
     return replace(schedule, panels=tuple(panels))

@@ -6,8 +6,8 @@ on a batch of every stress family first.
 
 A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead and
 panel_update, or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
-(qrgen.schedule.with_cluster: the cluster panels on clusters of B blocks); it applies to every case (a case whose
-schedule rejects it says why and goes on).
+[,slots=S] (qrgen.schedule.with_cluster: the cluster panels on clusters of B blocks, lanes panels of about S rows per
+warp where they fit); it applies to every case (a case whose schedule rejects it says why and goes on).
 """
 import argparse
 import dataclasses
@@ -18,10 +18,10 @@ import numpy as np
 from qrgen import runtime
 from qrgen.bench import graph_time_us, median_time_us
 from qrgen.check import check
-from qrgen.schedule import one_warp_tail, with_cluster
+from qrgen.schedule import CLUSTER_LANE_SLOTS, one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
-FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "one_warp_tail": int, "cluster": int}
+FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "one_warp_tail": int, "cluster": int, "slots": int}
 
 
 def parse(text: str) -> dict:
@@ -48,9 +48,10 @@ def main():
             try:
                 fields = dict(fields)
                 tail, blocks = fields.pop("one_warp_tail", 0), fields.pop("cluster", 0)
+                slots = fields.pop("slots", CLUSTER_LANE_SLOTS)
                 schedule = dataclasses.replace(base.schedule, **fields)
                 schedule = one_warp_tail(schedule) if tail else schedule
-                schedule = with_cluster(schedule, blocks) if blocks else schedule
+                schedule = with_cluster(schedule, blocks, slots=slots) if blocks else schedule
                 facs[text] = runtime.Factorizer(m, n, schedule, "sm_90")
             except ValueError as exc:
                 print(f"{case} {text}: rejected ({exc})", flush=True)

@@ -49,7 +49,6 @@ def test_which_calls_run_eagerly(monkeypatch):
     assert not replay.enabled()
     assert replay.call(("t",), fn, (_Arr(5),), _Stream()) == ("eager", 1)
     assert not replay._PLANS
-    assert replay.GEQRF_MAX_FLOATS <= replay.REPLAY_MAX_FLOATS
     # kinds called once do not use up the plans: past REPLAY_PLANS they are forgotten, and a new kind still gets one
     monkeypatch.delenv("QRGEN_REPLAY")
     for i in range(replay.REPLAY_PLANS + 8):
@@ -96,6 +95,29 @@ def test_replayed_calls_match_eager_ones(monkeypatch, m, n, batch):
         factor, orth = _q_gates(inputs[i % 3].get(), q.get(), r.get())
         assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())
         assert float(cupy.abs(q - eager_qr[i % 3][0]).max()) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_replay_keeps_to_its_memory_bound(monkeypatch):
+    """A kind whose graph would hold more than HELD_MAX_BYTES of device memory runs eagerly (its capture dropped,
+    nothing held), with the right results; under the bound the same kind replays, its memory counted."""
+    import cupy
+
+    replay.clear()
+    a = cupy.asarray(stress("random", 300, 200, 8, seed=1))  # 1.9 MB in, as much out
+    monkeypatch.setattr(replay, "HELD_MAX_BYTES", 1 << 20)
+    for _ in range(3):
+        h, tau = qrgen.geqrf(a)
+        assert check(a.get(), h, tau).ok
+    plans = _plans("geqrf")
+    assert plans and all(p.graph is False and p.held == 0 and not p.inputs for p in plans)
+    monkeypatch.setattr(replay, "HELD_MAX_BYTES", 1 << 30)
+    replay.clear()
+    for _ in range(3):
+        h, tau = qrgen.geqrf(a)
+        assert check(a.get(), h, tau).ok
+    assert _plans("geqrf") and all(p.graph and p.held >= 2 * a.nbytes for p in _plans("geqrf"))
+    replay.clear()
 
 
 @pytest.mark.gpu
