@@ -26,9 +26,7 @@ THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
 # Blocks per thread-block cluster: 8 is the portable most (sm_90); 16 is the H100/H200's non-portable most, which
 # qrgen asks the driver for where a kernel needs it (runtime.load_function). A GPU that cannot hold such a cluster
-# (too few SMs in one GPC) gets a clear error at the first call. Measured on the H200 (BENCHMARKS.md, twentieth
-# session; graph replay, the same tuned schedules with 16-block lanes panels for 8-block ones): 2 x 4096² 10,385
-# -> 9,321 µs, 1 x 4096² 9,260 -> 8,045, 1 x 2048² 3,316 -> 3,160.
+# (too few SMs in one GPC) gets a clear error at the first call. What 16 gains: default_cluster.
 PORTABLE_CLUSTER = 8
 MAX_CLUSTER = 16
 CLUSTER_SLOTS = 4  # the default's most rows per thread on a cluster (cluster_panel)
@@ -435,8 +433,8 @@ CLUSTER_LANE_SLOTS = 16  # rows per warp of the default's lanes panels on cluste
 
 
 def cluster_lanes_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_LANE_SLOTS) -> Panel | None:
-    """The default's panel on a cluster of `blocks` blocks: lanes panels of CLUSTER_LANE_SLOTS rows per warp where
-    they fit, else rows panels (cluster_panel). Measured on the H200 against rows panels on the same clusters
+    """The default's panel on a cluster of `blocks` blocks: lanes panels of about `slots` rows per warp where they
+    fit, else rows panels (cluster_panel). Measured on the H200 against rows panels on the same clusters
     (BENCHMARKS.md, eighth session; graph replay): 1 x 2048² 4,104 -> 3,602 µs, 1 x 4096x1024 3,125 -> 2,963,
     1 x 4096² 12,779 -> 12,412, 2 x 4096² 14,115 -> 11,224; 32 rows per warp was slower at each."""
     return lanes_panel(rows, width, slots, blocks) or cluster_panel(rows, width, blocks)
@@ -587,8 +585,8 @@ def default_cluster(problem: Problem) -> int:
     1 x 4096x1024 5.87 -> 3.99, 1 x 2048² 6.82 -> 6.40 (BENCHMARKS.md, 2026-11-30); clusters of 16 against 8 on
     the committed (tuned) schedules: 1 x 4096² 9,260 -> 8,045 µs, 1 x 4096x1024 2,885 -> 2,268, 1 x 8192x512 1,621
     -> 1,297, 1 x 2048² 3,316 -> 3,160 (twentieth session; at 2 to 8 aggregated matrices of 2048² no gain or a
-    loss: 8 x 2048² 4,590 -> 5,072). Where the rows are too many for a cluster's registers, the default's
-    multi-block panels."""
+    loss: 8 x 2048² 4,590 -> 5,072; 2 x 4096² 10,385 -> 9,321). Where the rows are too many for a cluster's
+    registers, the default's multi-block panels."""
     return DEFAULT_CLUSTER if problem.batch == 1 and problem.m >= CLUSTER_FROM else 0
 
 

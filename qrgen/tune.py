@@ -380,11 +380,9 @@ def _variations(problem: Problem) -> list[dict]:
         found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
                   if slots != CLUSTER_SLOTS]
         lanes = {key: rows[key] for key in ("split", *shared)}
-        found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": 8, "loop": False}
-                  for slots in (16, 32)]
-        if problem.batch <= WIDE_CLUSTER_MAX_BATCH:
-            found.append({**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": 16, "lanes_cluster": MAX_CLUSTER,
-                          "loop": False})
+        wide = ((16, MAX_CLUSTER),) if problem.batch <= WIDE_CLUSTER_MAX_BATCH else ()
+        found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": blocks,
+                   "loop": False} for slots, blocks in ((16, 8), (32, 8)) + wide]
         if problem.m >= TSQR_WARM_ROWS:
             found.append({**lanes, "family": "tsqr", **TSQR_WARM})
     if params.get("lanes_cluster"):  # the default's clusters (single matrices): the default without them
