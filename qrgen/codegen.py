@@ -55,7 +55,7 @@ class Launch:
     barriers: int
     trail: bool  # the kernel writes V^T and (VT)^T
     shared_bytes: int
-    nc: int  # columns right of the panel that its own two GEMMs update (to the end of its aggregate)
+    nc: int  # columns right of the panel that its own two GEMMs update (to the end of its aggregate, or reach's)
     v_row: int  # the panel's first row (and column) inside its aggregate's V^T buffer
     v_ld: int  # rows of that buffer (its leading dimension)
     v_bs: int  # floats per matrix in that buffer
@@ -66,7 +66,8 @@ class Launch:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """Columns [a0, a1) whose merged compact WY form updates columns [a1, n) after its last panel."""
+    """Columns [a0, a1) whose merged compact WY form updates columns [c1, n) after its last panel (nc = n - c1 of
+    them): c1 is a1, or with Schedule.reach the next aggregate's end (its panels' own products update up to there)."""
 
     a0: int
     a1: int
@@ -74,6 +75,7 @@ class Aggregate:
     nc: int
     first: int  # panel indices first..last
     last: int
+    c1: int
 
 
 # The panel products of schedule.panel_update "split" (templates/cuda/split.cu.j2): blocks of SPLIT_THREADS,
@@ -290,17 +292,21 @@ def tsqr_phases(levels: tuple[tuple[int, int], ...], width: int) -> tuple[TsqrPh
             + (phase(3, 0, out=lay.stack[top], y=lay.stack[0] if top else -1),))
 
 
-def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
-    """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel."""
+def aggregates(schedule: Schedule, keep: bool = False) -> tuple[Aggregate, ...]:
+    """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel.
+    With Schedule.reach (not for keep plans, whose kept aggregates each update to the end) an aggregate's merged
+    form starts where the next aggregate ends."""
     if not schedule.aggregate:
         return ()
     k, size = min(schedule.m, schedule.n), schedule.aggregate
     starts = schedule.starts()
+    reach = schedule.reach and not keep
     out = []
     for a0 in range(0, k, size):
         a1 = min(a0 + size, k)
+        c1 = min(a1 + size, k) if reach and a1 < k else a1
         panels = [i for i, c in enumerate(starts) if a0 <= c < a1]
-        out.append(Aggregate(a0, a1, schedule.m - a0, schedule.n - a1, panels[0], panels[-1]))
+        out.append(Aggregate(a0, a1, schedule.m - a0, schedule.n - c1, panels[0], panels[-1], c1))
     return tuple(out)
 
 
@@ -333,7 +339,7 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
     whose products for kept blocks of GEMM3_MIN columns or more take the gemm3 kernels (q_precision)."""
     keys: dict[tuple, list[int]] = {}
     launches = []
-    aggs = aggregates(schedule)
+    aggs = aggregates(schedule, keep)
     for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
         rows = schedule.m - c0
         agg = next((a for a in aggs if a.first <= index <= a.last), None)
@@ -341,7 +347,8 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
             nc, v_row, v_ld, v_bs = schedule.n - c0 - panel.width, 0, rows, panel.width * rows
         else:
             width = agg.a1 - agg.a0
-            nc, v_row, v_ld, v_bs = agg.a1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
+            # to where its aggregate's merged form begins: the aggregate's end, or with Schedule.reach the next one's
+            nc, v_row, v_ld, v_bs = agg.c1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
         trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
         if panel.variant == "lanes":
             slots = math.ceil(rows / (panel.blocks * panel.threads // 32))

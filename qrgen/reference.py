@@ -237,12 +237,12 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
             right = slice(c0 + w, c0 + w + L.nc)
             h[:, c0:, right] = update(v, wy(v, t, schedule.panel_gram(index)), h[:, c0:, right], *panel_precision)
         agg = after.get(index)
-        if agg is not None:  # the aggregate's reflectors, merged, update the columns right of it
+        if agg is not None:  # the aggregate's reflectors, merged, update the columns from c1 (right of it, or reach's)
             vg = np.tril(h[:, agg.a0:, agg.a0:agg.a1], -1)
             diag = np.arange(agg.a1 - agg.a0)
             vg[:, diag, diag] = 1
-            h[:, agg.a0:, agg.a1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1], prec.gram),
-                                             h[:, agg.a0:, agg.a1:])
+            h[:, agg.a0:, agg.c1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1], prec.gram),
+                                             h[:, agg.a0:, agg.c1:])
     if exps is not None:
         scale(h, exps, inverse=True)
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)

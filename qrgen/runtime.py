@@ -112,7 +112,7 @@ class Factorizer:
         self.keep = keep
         self.kernels, self.launches = codegen.plan(schedule, keep)
         self.shared_bytes = {k.name: k.shared_bytes for k in self.kernels}  # each kernel's dynamic shared memory
-        self.aggregates = codegen.aggregates(schedule)
+        self.aggregates = codegen.aggregates(schedule, keep)
         self.kept = codegen.kept_blocks(self.launches, self.aggregates) if keep else ()
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
@@ -357,7 +357,7 @@ class Sizes:
 
     def floats(self, name: str) -> int:
         """Floats per matrix of a buffer of buffer_names (a lookahead's second buffers as their first)."""
-        return getattr(self, name.rstrip("2"))
+        return getattr(self, name.rstrip("23"))
 
     @classmethod
     def of(cls, fac: "Factorizer") -> "Sizes":
@@ -375,14 +375,21 @@ class Sizes:
 
 
 def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
-    """The work buffers of a plan: with lookahead, V^T and (V T)^T of the aggregates alternate between two buffers
-    (the side stream still reads one aggregate's while the next one's panels write the other), and the side
+    """The work buffers of a plan: with lookahead, V^T and (V T)^T of the aggregates rotate over two buffers
+    (the side stream still reads one aggregate's while the next one's panels write the other), three with
+    Schedule.reach (the side stream may still read an aggregate's while the next two write theirs), and the side
     stream's W has its own."""
     names = ("vt", "zt", "w", "g", "zg")
     ahead = fac.schedule.lookahead
     # (a keep plan's aggregates have regions of their own, so it needs no second V^T and (V T)^T)
-    return (names + (("vt2", "zg2") if ahead and not fac.keep else ()) + (("w2",) if ahead else ())
+    rotate = () if not ahead or fac.keep else ("vt2", "zg2", "vt3", "zg3") if _reaches(fac) else ("vt2", "zg2")
+    return (names + rotate + (("w2",) if ahead else ())
             + (("wq",) if fac.keep else ()) + (("ts",) if any(L.levels for L in fac.launches) else ()))
+
+
+def _reaches(fac) -> bool:
+    """Whether a plan's panels reach through the next aggregate (Schedule.reach; not keep plans)."""
+    return any(a.c1 > a.a1 for a in fac.aggregates)
 
 
 def side_pieces(c0: int, c1: int, rows: int, batch: int, sms: int, waves: int) -> list[tuple[int, int]]:
@@ -406,6 +413,11 @@ def drive(fac: "Factorizer", engine) -> None:
     aggregate's columns first, then (engine.fork: on a side stream that waits for everything queued so far) the
     columns past it; the next aggregate's panels, G, T and (V T)^T run meanwhile, and engine.join (the main
     stream waits for the side stream) comes before anything touches those columns again.
+    With Schedule.reach each panel's own products run through the next aggregate's columns, and an aggregate's
+    merge and all its products (from the next aggregate's end) go to the side lane: first the columns of the
+    aggregate after next, then engine.mark(), which the main lane waits for (engine.wait_mark) before the next
+    aggregate's first products, which reach into those columns; the rest in pieces. V^T and (VT)^T then rotate over
+    three buffers, and the one join is at the end.
     """
     m, n = fac.m, fac.n
     prec = fac.schedule.precision
@@ -419,11 +431,15 @@ def drive(fac: "Factorizer", engine) -> None:
     firsts = {a.first for a in aggs if a.nc > 0}
     owner = {p: i for i, a in enumerate(aggs) for p in range(a.first, a.last + 1)}
     pending = False  # side-stream work not yet joined
+    reach = _reaches(fac)
+    marked = False  # reach: a mark queued on the side lane that the main lane has not waited for
     if fac.schedule.scaled:
         engine.scale(0)
 
-    def suffix(index):  # which of the two V^T / (V T)^T buffers panel `index` and its aggregate use
-        return "2" if ahead and not fac.keep and owner.get(index, 0) % 2 else ""
+    def suffix(index):  # which of the rotating V^T / (V T)^T buffers panel `index` and its aggregate use
+        if not ahead or fac.keep:
+            return ""
+        return ("", "2", "3")[owner.get(index, 0) % (3 if reach else 2)]
 
     def kept_base(index):  # a keep plan: where the kept block of panel `index` begins in "vt" (and "zt" or "zg")
         return engine.nb * fac.kept[owner[index] if aggs else index].offset
@@ -457,6 +473,9 @@ def drive(fac: "Factorizer", engine) -> None:
         if L.blocks > 1:
             epoch += L.blocks * L.barriers
         if L.nc > 0:
+            if marked:
+                engine.wait_mark()
+                marked = False
             products(z, L.rows, L.width * L.rows, v, L.v_ld, L.v_bs, L.width, L.rows,
                      L.c0 * n + L.c0 + L.width, L.nc, "w", prec.project if cublas_panels else "fp32",
                      prec.update if cublas_panels else "fp32", how=via)
@@ -473,18 +492,31 @@ def drive(fac: "Factorizer", engine) -> None:
             vt_at, zg_at, zg_bs = (vt, 0), ("zg" + suffix(index), 0), sizes.zg
         # the merge's products (G = V^T V, (VT)^T = T^T V^T) as three tf32 products where the update takes them
         merge3 = prec.update == "tf32x3"
+        if reach:
+            engine.fork()
         engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
-                    0.0, ("g", 0), a, sizes.g, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram)
-        engine.tmat(agg)
+                    0.0, ("g", 0), a, sizes.g, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram, side=reach)
+        engine.tmat(agg, side=reach)
         engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("t", 0), a, sizes.g, vt_at, rows, vbs,
-                    0.0, zg_at, rows, zg_bs, "tf32x3" if merge3 else "fp32")
+                    0.0, zg_at, rows, zg_bs, "tf32x3" if merge3 else "fp32", side=reach)
         if agg.nc == 0:  # a keep plan's last aggregate: merged for Q only
+            continue
+        args = (zg_at, rows, zg_bs, vt_at, rows, vbs, a, rows)
+        row0 = agg.a0 * n
+        if reach:
+            # the columns the next aggregate's panels reach into (the aggregate after next), then the rest
+            near = aggs[i + 2].a1 if i + 2 < len(aggs) else agg.c1
+            if near > agg.c1:
+                products(*args, row0 + agg.c1, near - agg.c1, "w2", prec.project, prec.update, side=True)
+                engine.mark()
+                marked = True
+            for c0, c1 in side_pieces(near, n, rows, engine.nb, engine.sms, ahead):
+                products(*args, row0 + c0, c1 - c0, "w2", prec.project, prec.update, side=True)
+            pending = True
             continue
         if pending:
             engine.join()
             pending = False
-        args = (zg_at, rows, zg_bs, vt_at, rows, vbs, a, rows)
-        row0 = agg.a0 * n
         nxt = aggs[i + 1] if i + 1 < len(aggs) else None
         if ahead and nxt is not None and nxt.nc > 0:
             near = nxt.a1 - agg.a1
@@ -561,9 +593,15 @@ class SkipStages:
     def join(self):
         self.engine.join()
 
-    def tmat(self, agg):
+    def mark(self):
+        self.engine.mark()
+
+    def wait_mark(self):
+        self.engine.wait_mark()
+
+    def tmat(self, agg, side=False):
         if "tmat" not in self.skip:
-            self.engine.tmat(agg)
+            self.engine.tmat(agg, side)
 
     def scale(self, phase):
         if "scale" not in self.skip:
@@ -639,8 +677,8 @@ class _Lanes:
 
         self.main = cupy.cuda.Stream(non_blocking=True, priority=HIGH_PRIORITY)
         self.side = cupy.cuda.Stream(non_blocking=True)
-        self.forked, self.joined, self.started, self.done = (
-            cupy.cuda.Event(block=False, disable_timing=True) for _ in range(4))
+        self.forked, self.joined, self.started, self.done, self.marked = (
+            cupy.cuda.Event(block=False, disable_timing=True) for _ in range(5))
         self.pending = False  # side-stream work queued since the last join
 
     @contextlib.contextmanager
@@ -667,6 +705,13 @@ class _Lanes:
         self.joined.record(self.side)
         self.main.wait_event(self.joined)
         self.pending = False
+
+    def mark(self):
+        """A point in the side stream's queue that wait_mark makes the main stream wait for (the latest mark)."""
+        self.marked.record(self.side)
+
+    def wait_mark(self):
+        self.main.wait_event(self.marked)
 
 
 # The panel kernels' parameters (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs.
@@ -830,7 +875,7 @@ class _CupyEngine:
                 args.set(4, ws.ptrs[z[0]] + 4 * z[1])
             launch(func.ptr, tiles, self.nb, 1, L.threads, 1, 1, 0, self.stream_ptr, args.address, 0)
 
-    def tmat(self, agg):
+    def tmat(self, agg, side=False):
         from .codegen import TMAT_KERNEL
 
         _, func = self.funcs[TMAT_KERNEL]
@@ -838,7 +883,8 @@ class _CupyEngine:
         stop = self._mark("tmat", None)
         self._launch(func, (self.nb, 1, 1), codegen.TMAT_THREADS, codegen.tmat_shared_bytes(a), _TMAT_PARAMS,
                      (self.ptrs["g"], self.tau_ptr + 4 * agg.a0, self.ptrs["t"], a, self.sizes.g, self.fac.k,
-                      self.gram_parts, self.ws.chunk * self.sizes.g))
+                      self.gram_parts, self.ws.chunk * self.sizes.g),
+                     self.lanes.side.ptr if side and self.lanes is not None else None)
         self._done(stop)
 
     def scale(self, phase):
@@ -879,6 +925,14 @@ class _CupyEngine:
     def join(self):
         if self.lanes is not None:
             self.lanes.join()
+
+    def mark(self):
+        if self.lanes is not None:
+            self.lanes.mark()
+
+    def wait_mark(self):
+        if self.lanes is not None:
+            self.lanes.wait_mark()
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
              precision, via="cublas", side=False):

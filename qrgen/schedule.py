@@ -184,6 +184,10 @@ class Schedule:
     # columns are updated first), in pieces of about L waves of 128 x 128 tiles (runtime.side_pieces; a large L:
     # one piece), so that its GEMMs fill the SMs the panels leave idle. 0: off.
     lookahead: int = 0
+    # With lookahead: each panel's own products reach through the next aggregate's columns too, so that nothing of
+    # an aggregate's merge (G, T, (VT)^T) or of its products (the columns past the next aggregate) is left on the
+    # panels' chain: all of it runs on the side lane (runtime.drive; codegen.aggregates' c1).
+    reach: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "panels", tuple(self.panels))
@@ -205,6 +209,11 @@ class Schedule:
         if self.lookahead and not self.aggregate:
             raise ValueError("Schedule.lookahead needs aggregates (Schedule.aggregate > 0): it overlaps an "
                              "aggregate's update with the next aggregate's panels")
+        if not isinstance(self.reach, bool):
+            raise ValueError(f"Schedule.reach must be True or False, got {self.reach!r}")
+        if self.reach and not self.lookahead:
+            raise ValueError("Schedule.reach needs lookahead (Schedule.lookahead > 0): it moves an aggregate's merge "
+                             "and products to the side lane")
         if self.aggregate:
             starts = set(self.starts())
             cut = next((c for c in range(self.aggregate, k, self.aggregate) if c not in starts), None)
@@ -274,6 +283,8 @@ class Schedule:
             data["panel_update"] = self.panel_update
         if self.lookahead:
             data["lookahead"] = self.lookahead
+        if self.reach:
+            data["reach"] = True
         return data
 
     @classmethod
@@ -282,7 +293,7 @@ class Schedule:
             panels = tuple(Panel(**p) for p in data["panels"])
             return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})),
                        aggregate=data.get("aggregate", 0), panel_update=data.get("panel_update", "cublas"),
-                       lookahead=data.get("lookahead", 0))
+                       lookahead=data.get("lookahead", 0), reach=data.get("reach", False))
         except KeyError as exc:
             raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
@@ -306,6 +317,7 @@ class Schedule:
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
         text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
         text += f" (lookahead, pieces of {self.lookahead} waves)" if self.lookahead else ""
+        text += "; panel products reach through the next aggregate (merges on the side lane)" if self.reach else ""
         return text + {"split": "; panel products split over blocks", "fused": "; panel products fused (one launch)"
                        }.get(self.panel_update, "")
 
@@ -599,6 +611,7 @@ class DefaultChoices:
     precision: Precision
     loop: bool  # Panel.loop for the warp and rows panels
     lookahead: int  # Schedule.lookahead
+    reach: bool = False  # Schedule.reach
 
 
 # tsqr panels (TSQR_PANEL, where a panel has two tiles of rows or more) for up to TSQR_MAX_BATCH matrices of
@@ -634,8 +647,9 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
     aggregate = 0 if cluster else default_aggregate(problem)
     update = default_panel_update(problem)
     precision = default_precision(problem, aggregate, update)
-    return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem),
-                          default_lookahead(problem, aggregate, precision))
+    lookahead = default_lookahead(problem, aggregate, precision)
+    return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem), lookahead,
+                          default_reach(problem, lookahead))
 
 
 def default_loop(problem: Problem) -> bool:
@@ -662,6 +676,20 @@ def default_lookahead(problem: Problem, aggregate: int, precision: Precision) ->
     return LOOKAHEAD_PIECES if precision.update in ("fp32", "tf32x3") else LOOKAHEAD_WHOLE
 
 
+REACH_MAX_BATCH = 4  # Schedule.reach by default for lookahead schedules of at most this many matrices
+
+
+def default_reach(problem: Problem, lookahead: int) -> bool:
+    """Schedule.reach for lookahead schedules of few matrices, whose panels and their own products leave most SMs
+    to the side lane. Measured on the H200 against the same schedules without it (BENCHMARKS.md, twenty-first
+    session; graph replay): committed 2 x 4096² 9,367 -> 8,773 µs, 1 x 4096² 7,981 -> 7,479; default 2 x 1024²
+    2,755 -> 2,375, 2 x 2048² 5,720 -> 5,375, 4 x 2048² 6,075 -> 5,884, 3 x 4096² 16,958 -> 17,171 (+1%); slower
+    with more matrices (their panels' products, through the next aggregate, take more of the SMs): committed
+    8 x 2048² 4,570 -> 4,715, 60 x 1024² 4,270 -> 4,575, 640 x 512² 6,902 -> 7,308, 1 x 40000x256 (tsqr) 1,884 ->
+    1,955."""
+    return bool(lookahead) and problem.batch <= REACH_MAX_BATCH
+
+
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
     choices = default_choices(problem)
     cluster, aggregate = choices.cluster, choices.aggregate
@@ -678,4 +706,4 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
         panels.append(with_loop(panel, choices.loop))
         col += panel.width
     return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update,
-                    choices.lookahead)
+                    choices.lookahead, choices.reach)

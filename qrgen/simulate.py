@@ -5,9 +5,9 @@ The engine stands in for each operation with what the kernel or cuBLAS computes:
 panel factorization (writing h, tau, V^T at its place in the aggregate's buffer and (V T)^T), a product by a
 strided-batched GEMM over flat per-matrix buffers with its inputs rounded as its precision says, the T kernel by
 the slarft recurrence. Tests compare the result with the reference, which does the same algorithm on arrays.
-A lookahead schedule's side-lane products are held back until the join that waits for them, the latest point
-the GPU could run them: an operation queued between fork and join that read their results, or overwrote what they
-read, would change the result.
+A lookahead schedule's side-lane work is held back until the join (or, before a mark, the wait_mark) that waits
+for it, the latest point the GPU could run it: an operation queued meanwhile that read its results, or overwrote
+what it reads, would change the result.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class _Fac:
         self.schedule = schedule
         self.keep = keep
         self.kernels, self.launches = plan(schedule, keep)
-        self.aggregates = aggregates(schedule)
+        self.aggregates = aggregates(schedule, keep)
         self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
 
 
@@ -47,7 +47,7 @@ class NumpyEngine:
             self.buffers[name] = np.full((self.nb, self.sizes.floats(name)), np.nan, dtype=np.float32)
         self.buffers["t"] = np.full((self.nb, self.sizes.g), np.nan, dtype=np.float32)
         self.log: list[tuple] = []
-        self.held: list[tuple] = []  # side-lane GEMMs not yet run (see the module's docstring)
+        self.held: list = []  # side-lane work not yet run, as (function, args), and marks (the module's docstring)
 
     def _matrix(self, name: str, offset: int, stride: int, rows: int, cols: int, ld: int) -> np.ndarray:
         """The (nb, rows, cols) view of a buffer: matrix b at offset + b * stride, rows ld floats apart."""
@@ -125,11 +125,17 @@ class NumpyEngine:
             panel[...] = hp
         return tau, v, tpanel
 
-    def tmat(self, agg):
+    def tmat(self, agg, side=False):
+        if side:
+            self.held.append((self._tmat, (agg,)))
+        else:
+            self._tmat(agg)
+        self.log.append(("tmat", agg.a0) + (("side",) if side else ()))
+
+    def _tmat(self, agg):
         a = agg.a1 - agg.a0
         g = self._matrix("g", 0, self.sizes.g, a, a, a)
         self._matrix("t", 0, self.sizes.g, a, a, a)[...] = _tmatrix(np.triu(g, 1), self.tau[:, agg.a0:agg.a1])
-        self.log.append(("tmat", agg.a0))
 
     def scale(self, phase):
         h = self.buffers["h"].reshape(self.nb, self.fac.m, self.fac.n)
@@ -143,16 +149,29 @@ class NumpyEngine:
 
     def join(self):
         self.log.append(("join",))
-        held, self.held = self.held, []
-        for args in held:
-            self._gemm(*args)
+        self._run_held(len(self.held))
+
+    def mark(self):
+        self.log.append(("mark",))
+        self.held.append("mark")
+
+    def wait_mark(self):
+        """Runs the held work queued before the latest mark (the rest stays held)."""
+        self.log.append(("wait_mark",))
+        self._run_held(len(self.held) - self.held[::-1].index("mark"))
+
+    def _run_held(self, count):
+        run, self.held = self.held[:count], self.held[count:]
+        for item in run:
+            if item != "mark":
+                item[0](*item[1])
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
              precision, via="cublas", side=False):
         args = (stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
                 precision, via)
         if side:
-            self.held.append(args)
+            self.held.append((self._gemm, args))
         else:
             self._gemm(*args)
         self.log.append(("gemm", stage, precision, via) + (("side",) if side else ()))

@@ -33,7 +33,7 @@ from .problem import Problem, Target
 from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, MAX_CLUSTER, PANEL_UPDATES,
                        PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
                        TSQR_PANEL, Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
-                       default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
+                       default_reach, default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -55,6 +55,7 @@ LOOPS = (False, True)  # Panel.loop of the warp and rows panels
 SPLITS = (0.25, 0.5, 0.75, 1.0)
 AGGREGATES = (0, 64, 128, 256)
 LOOKAHEADS = (0, 2, 32)  # Schedule.lookahead (waves per side piece; 0 off), with aggregates
+REACHES = (False, True)  # Schedule.reach, with lookahead
 # Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
 # shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
 FAMILIES = ("rows", "lanes", "tsqr")
@@ -80,6 +81,7 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
+              **({"reach": c.reach} if c.lookahead else {}),
               "gram": c.precision.gram, "project": c.precision.project, "update": c.precision.update}
     if default_tsqr(problem):
         params.update(family="tsqr", **TSQR_WARM)
@@ -168,7 +170,8 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
     precision = Precision(params["gram"], params["project"], params["update"])
     lookahead = params.get("lookahead", 0) if aggregate else 0
     return without_idle_tf32x3(Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
-                                        params.get("panel_update", "cublas"), lookahead))
+                                        params.get("panel_update", "cublas"), lookahead,
+                                        bool(lookahead) and params.get("reach", False)))
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
@@ -201,6 +204,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
     params["aggregate"] = trial.suggest_categorical("aggregate", AGGREGATES)
     if params["aggregate"]:
         params["lookahead"] = trial.suggest_categorical("lookahead", LOOKAHEADS)
+        if params["lookahead"]:
+            params["reach"] = trial.suggest_categorical("reach", REACHES)
     params["panel_update"] = trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS if stage == "gram" else PRODUCT_PRECISIONS)
@@ -350,7 +355,8 @@ def space_digest() -> str:
     trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, TSQR_WIDTHS, TSQR_THREADS, TSQR_TILES, CLUSTER_SLOTS_CHOICES, CLUSTERS,
              LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
-             SPLITS, AGGREGATES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
+             SPLITS, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES,
+             CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
 
@@ -367,7 +373,7 @@ def _variations(problem: Problem) -> list[dict]:
     aggregates and precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8
     (16 and 32 rows per warp; for up to WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default
     has clusters, the default without them; where it has warp or rows panels, the other column loop; with
-    aggregates, the other lookaheads."""
+    aggregates, the other lookaheads (and with its lookahead, the other reach)."""
     params = default_params(problem)
     found = []
     if params["aggregate"] and problem.k >= 2048:
@@ -391,8 +397,18 @@ def _variations(problem: Problem) -> list[dict]:
         found.append({**params, "loop": not params["loop"]})
     if "lookahead" in params:
         found += [{**params, "lookahead": v} for v in LOOKAHEADS if v != params["lookahead"]]
+        if params["lookahead"]:
+            found.append({**params, "reach": not params.get("reach", False)})
     found += _aggregate_variations(problem, params)
-    return found
+    return [_with_reach(problem, p) for p in found]
+
+
+def _with_reach(problem: Problem, params: dict) -> dict:
+    """params naming reach exactly where the sampler asks for it (with a lookahead): the default's where unset."""
+    params = {key: value for key, value in params.items() if key != "reach" or params.get("lookahead")}
+    if params.get("lookahead") and "reach" not in params:
+        params["reach"] = default_reach(problem, params["lookahead"])
+    return params
 
 
 def _aggregate_variations(problem: Problem, params: dict) -> list[dict]:

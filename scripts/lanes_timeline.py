@@ -67,9 +67,9 @@ def main():
         orig["panel"](self, index, L, *rest)
         mark(self, "main", f"panel {index} ({L.width} columns at {L.c0})")
 
-    def tmat(self, agg):
-        orig["tmat"](self, agg)
-        mark(self, "main", f"T of columns {agg.a0}-{agg.a1}")
+    def tmat(self, agg, side=False):
+        orig["tmat"](self, agg, side)
+        mark(self, "side" if side and self.lanes is not None else "main", f"T of columns {agg.a0}-{agg.a1}")
 
     def gemm(self, stage, *rest, side=False, **kw):
         orig["gemm"](self, stage, *rest, side=side, **kw)

@@ -4,8 +4,8 @@ on a batch of every stress family first.
 
     python scripts/schedule_ab.py 60x1024x1024 640x512x512 --variant panel_update=cublas --variant aggregate=64
 
-A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead and
-panel_update, or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
+A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead,
+panel_update and reach (0 or 1), or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
 [,slots=S] (qrgen.schedule.with_cluster: the cluster panels on clusters of B blocks, lanes panels of about S rows per
 warp where they fit); it applies to every case (a case whose schedule rejects it says why and goes on).
 """
@@ -21,7 +21,8 @@ from qrgen.check import check
 from qrgen.schedule import CLUSTER_LANE_SLOTS, one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
-FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "one_warp_tail": int, "cluster": int, "slots": int}
+FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": lambda v: bool(int(v)),
+          "one_warp_tail": int, "cluster": int, "slots": int}
 
 
 def parse(text: str) -> dict:

@@ -204,7 +204,7 @@ def test_tune_on_the_gpu(tmp_path):
     assert path.exists() and result.outcome.accurate and result.outcome.time_us > 0
 
 
-def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahead=0):
+def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahead=0, reach=False):
     from qrgen.schedule import Schedule, default_panel
 
     k = min(m, n)
@@ -214,21 +214,24 @@ def _aggregated_schedule(m, n, width, aggregate, panel_update="cublas", lookahea
         panel = default_panel(m - col, end - col, (width,))
         panels.append(panel)
         col += panel.width
-    return Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update, lookahead=lookahead)
+    return Schedule(m, n, tuple(panels), aggregate=aggregate, panel_update=panel_update, lookahead=lookahead,
+                    reach=reach)
 
 
-@pytest.mark.parametrize("panel_update,lookahead", [("cublas", 0), ("split", 0), ("split", 32), ("cublas", 1),
-                                                    ("fused", 0), ("fused", 2)])
+@pytest.mark.parametrize("panel_update,lookahead,reach", [
+    ("cublas", 0, False), ("split", 0, False), ("split", 32, False), ("cublas", 1, False), ("fused", 0, False),
+    ("fused", 2, False), ("fused", 32, True), ("cublas", 2, True), ("split", 1, True)])
 @pytest.mark.parametrize("m,n,width,aggregate", [(256, 256, 32, 128), (300, 200, 16, 64), (200, 330, 32, 96),
                                                  (1024, 1024, 32, 256), (2000, 300, 8, 128)])
-def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update, lookahead):
-    """Panels update their aggregate's columns; each aggregate's merged WY form updates the rest (rank-A); the
-    panels' own products through cuBLAS, the split kernels or the fused kernel; with lookahead, on two streams."""
+def test_aggregated_schedules_every_family(m, n, width, aggregate, panel_update, lookahead, reach):
+    """Panels update their aggregate's columns (with reach, the next aggregate's too); each aggregate's merged WY
+    form updates the rest (rank-A); the panels' own products through cuBLAS, the split kernels or the fused kernel;
+    with lookahead, on two streams (with reach, the merges on the side one)."""
     import cupy
 
     from qrgen.runtime import Factorizer
 
-    schedule = _aggregated_schedule(m, n, width, aggregate, panel_update, lookahead)
+    schedule = _aggregated_schedule(m, n, width, aggregate, panel_update, lookahead, reach)
     fac = Factorizer(m, n, schedule, "sm_90")
     for family in FAMILIES:
         a = stress(family, m, n, 3, seed=aggregate)
@@ -445,15 +448,17 @@ def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():
         assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())
 
 
-def test_lookahead_on_the_callers_stream_and_in_a_graph():
+@pytest.mark.parametrize("reach", [False, True])
+def test_lookahead_on_the_callers_stream_and_in_a_graph(reach):
     """A lookahead schedule runs on its own two streams between events on the caller's: queued after the caller's
     earlier work (here a fill it must not overtake), finished before the caller's later work, and capturable: a
-    graph replayed on new data gives what an eager call on that data gives."""
+    graph replayed on new data gives what an eager call on that data gives (with reach, the side lane's marks
+    inside the capture too)."""
     import cupy
 
     from qrgen.runtime import Factorizer
 
-    schedule = _aggregated_schedule(1024, 1024, 32, 128, "split", lookahead=2)
+    schedule = _aggregated_schedule(1024, 1024, 32, 128, "split", lookahead=2, reach=reach)
     fac = Factorizer(1024, 1024, schedule, "sm_90")
     first, second = stress("random", 1024, 1024, 2, seed=5), mixed(1024, 1024, 2, seed=6)[0]
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -11,7 +11,7 @@ from qrgen.testing import FAMILIES, stress
 
 
 def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", panel_update="cublas",
-             lookahead=0):
+             lookahead=0, reach=False):
     k = min(m, n)
     widths = [width] * (k // width) + ([k % width] if k % width else [])
     if variant == "cols":
@@ -20,7 +20,7 @@ def _uniform(m, n, width, aggregate=0, precision=Precision(), variant="rows", pa
         panels = tuple(Panel(w, "lanes", 256) for w in widths)
     else:
         panels = tuple(Panel(w, "rows", 64) for w in widths)
-    return Schedule(m, n, panels, precision, aggregate, panel_update, lookahead)
+    return Schedule(m, n, panels, precision, aggregate, panel_update, lookahead, reach)
 
 
 SCHEDULES = [
@@ -44,11 +44,15 @@ SCHEDULES = [
     _uniform(90, 120, 32, panel_update="fused", variant="lanes"),
     _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="fused"),
     _uniform(150, 150, 20, aggregate=40, precision=Precision("fp32", "tf32x3", "tf32x3"), panel_update="fused"),
+    _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="fused", reach=True),
+    _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes", reach=True),
+    _uniform(224, 160, 16, aggregate=32, precision=Precision("fp16", "bf16", "fp16"), lookahead=32, reach=True),
 ]
 
 
 def _id(s):
-    return f"{s.m}x{s.n}-a{s.aggregate}-{s.panel_update}" + ("-ahead" if s.lookahead else "")
+    return (f"{s.m}x{s.n}-a{s.aggregate}-{s.panel_update}" + ("-ahead" if s.lookahead else "")
+            + ("-reach" if s.reach else ""))
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=_id)
@@ -207,6 +211,56 @@ def test_lookahead_lanes():
     drive(fac, engine)
     simulate.NumpyEngine.join(engine)
     assert np.abs(late - hr).max() > 1e-2 * np.abs(a).max()
+
+
+def test_reach():
+    """Reach: each panel's own products run through the next aggregate's columns; each aggregate's merge and all
+    its products go to the side lane (first the aggregate after next's columns, then a mark the next aggregate's
+    first products wait for, then the rest), joined once at the end. The NumPy engine runs side work at the latest
+    point the GPU could (a wait_mark for what precedes the mark, else the join), so a plan without the wait, or
+    with two V^T buffers instead of three, gives a wrong factorization."""
+    from qrgen.runtime import drive
+
+    schedule = _uniform(320, 320, 32, aggregate=64, lookahead=32, panel_update="fused", reach=True)
+    a = stress("random", 320, 320, 2, seed=4)
+    h, tau, log = simulate.geqrf(a, schedule)
+    hr, tr = reference.geqrf(a, schedule, dtype=np.float32)
+    assert np.abs(h - hr).max() <= 1e-4 * np.abs(a).max()
+    plain, _, _ = simulate.geqrf(a, _uniform(320, 320, 32, aggregate=64, lookahead=32, panel_update="fused"))
+    assert np.abs(h - plain).max() <= 1e-4 * np.abs(a).max()
+    # aggregates 0, 1 and 2 are merged (3 and 4 have nothing past the next aggregate), each marking the columns of
+    # the aggregate after next (which the next one's panels reach into)
+    assert [e[0] for e in log if e[0] in ("fork", "join", "mark", "wait_mark")] == [
+        "fork", "mark", "wait_mark"] * 3 + ["join"]
+    assert [e[1] for e in log if e[0] == "gemm" and e[-1] == "side"][:4] == ["gram", "aggregate", "project", "update"]
+    assert ("tmat", 0, "side") in log and ("zero", "vt3") in log
+    fac = simulate._Fac(schedule)
+    assert [L.nc for L in fac.launches[:3]] == [96, 64, 96]  # to the next aggregate's end, not their own
+    assert [(g.c1, g.nc) for g in fac.aggregates] == [(128, 192), (192, 128), (256, 64), (320, 0), (320, 0)]
+    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["reach"] is True
+    assert "reach" not in _uniform(320, 320, 32, aggregate=64, lookahead=32).to_json()
+    with pytest.raises(ValueError, match="reach needs lookahead"):
+        _uniform(320, 320, 32, aggregate=64, reach=True)
+    with pytest.raises(ValueError, match="Schedule.reach"):
+        _uniform(320, 320, 32, aggregate=64, lookahead=2, reach=1)
+    keep = simulate._Fac(schedule, keep=True)  # keep plans update to each aggregate's end, as without reach
+    assert all(g.c1 == g.a1 for g in keep.aggregates)
+
+    class NoWait(simulate.NumpyEngine):
+        def wait_mark(self):
+            pass
+
+    class TwoBuffers(simulate.NumpyEngine):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.buffers["vt3"], self.buffers["zg3"] = self.buffers["vt"], self.buffers["zg"]
+
+    for engine_type in (NoWait, TwoBuffers):
+        wrong = a.copy()
+        engine = engine_type(fac, wrong, np.zeros((2, 320), dtype=np.float32))
+        drive(fac, engine)
+        simulate.NumpyEngine.join(engine)
+        assert np.abs(wrong - hr).max() > 1e-2 * np.abs(a).max(), engine_type.__name__
 
 
 def test_side_pieces_cover_the_columns_once():
