@@ -294,17 +294,16 @@ def tsqr_phases(levels: tuple[tuple[int, int], ...], width: int) -> tuple[TsqrPh
 
 def aggregates(schedule: Schedule, keep: bool = False) -> tuple[Aggregate, ...]:
     """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel.
-    With Schedule.reach (not for keep plans, whose kept aggregates each update to the end) an aggregate's merged
-    form starts where the next aggregate ends."""
+    With Schedule.reach an aggregate's merged form updates from where the next aggregate ends (a keep plan merges
+    every aggregate all the same, for Q)."""
     if not schedule.aggregate:
         return ()
     k, size = min(schedule.m, schedule.n), schedule.aggregate
     starts = schedule.starts()
-    reach = schedule.reach and not keep
     out = []
     for a0 in range(0, k, size):
         a1 = min(a0 + size, k)
-        c1 = min(a1 + size, k) if reach and a1 < k else a1
+        c1 = min(a1 + size, k) if schedule.reach and a1 < k else a1
         panels = [i for i, c in enumerate(starts) if a0 <= c < a1]
         out.append(Aggregate(a0, a1, schedule.m - a0, schedule.n - c1, panels[0], panels[-1], c1))
     return tuple(out)

@@ -388,7 +388,7 @@ def buffer_names(fac: "Factorizer") -> tuple[str, ...]:
 
 
 def _reaches(fac) -> bool:
-    """Whether a plan's panels reach through the next aggregate (Schedule.reach; not keep plans)."""
+    """Whether a plan's panels reach through the next aggregate (Schedule.reach, with two aggregates or more)."""
     return any(a.c1 > a.a1 for a in fac.aggregates)
 
 
@@ -494,6 +494,7 @@ def drive(fac: "Factorizer", engine) -> None:
         merge3 = prec.update == "tf32x3"
         if reach:
             engine.fork()
+            pending = True
         engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
                     0.0, ("g", 0), a, sizes.g, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram, side=reach)
         engine.tmat(agg, side=reach)
@@ -512,7 +513,6 @@ def drive(fac: "Factorizer", engine) -> None:
                 marked = True
             for c0, c1 in side_pieces(near, n, rows, engine.nb, engine.sms, ahead):
                 products(*args, row0 + c0, c1 - c0, "w2", prec.project, prec.update, side=True)
-            pending = True
             continue
         if pending:
             engine.join()

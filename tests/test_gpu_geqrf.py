@@ -581,6 +581,32 @@ def test_qr_complete_and_reduced_from_kept_panels(batch, m, n):
     assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
 
 
+def test_qr_of_a_reach_schedule():
+    """qr through the keep plan of a schedule with reach (each aggregate's merge and products on the side lane,
+    merged for Q all the same): both modes pass the gates on every family, and Q is qrgen.qmatrix's of the same h
+    and tau."""
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    from qrgen import qmatrix
+    from qrgen.runtime import Factorizer
+
+    m, n = 600, 520
+    fac = Factorizer(m, n, _aggregated_schedule(m, n, 32, 128, "fused", 32, reach=True), "sm_90")
+    assert fac.keep_variant() is not None and any(g.c1 > g.a1 for g in fac.keep_variant().aggregates)
+    for family in FAMILIES:
+        a = stress(family, m, n, 2, seed=12)
+        for mode in ("reduced", "complete"):
+            q, r = qrgen.qr(cupy.asarray(a), mode=mode, factorizer=fac)
+            factor, orth = _q_gates(a, q.get(), r.get())
+            assert (factor <= 20).all() and (orth <= 100).all(), (family, mode, factor.max(), orth.max())
+    a = cupy.asarray(stress("random", m, n, 3, seed=3))
+    h, tau = fac(a)
+    q, _ = qrgen.qr(a, factorizer=fac)
+    assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
+
+
 def test_qr_q_products_of_kept_aggregates_in_tf32x3(monkeypatch):
     """qr's Q through a keep plan with aggregates of 128 on a schedule whose own products are fp32 (its gemm3
     project and update kernels the keep plan's alone): the gemm3 kernels take every Q product
