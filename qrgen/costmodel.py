@@ -6,8 +6,8 @@ shapes; 2 x 4096² with two blocks of 1024 threads paid about 70, not yet unders
 trailing-update GEMMs (about half the fp32 rate at rank 32, memory-bound and slower at rank 8 and 16), and the host's
 cost per launch. cuBLAS products with few output tiles run on few SMs when the batch is small (2 x 4096 rows,
 8 x 120 output: 61 µs); the split kernels fill the GPU but compute at 2.7 to 5.5 TFLOP/s (scripts/skinny_bench.py).
-The lanes term is fitted to CUDA-graph replays of the second session (a barrier per column
-over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
+The lanes term and the clusters' exchange are fitted to single panels replayed alone (twenty-first session: a
+barrier per column over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
 (cols measured slower than lanes; not fitted); the tsqr term is fitted to each of its launches timed alone.
 It ranks schedules; it does not replace measuring them.
 """
@@ -28,7 +28,10 @@ RATE = {"fp32": 25e12, "tf32": 200e12, "bf16": 350e12, "fp16": 350e12,  # FLOP/s
 HOST_US_PER_LAUNCH = 10.0
 GEMM_FIXED_US = 8.0
 MULTI_BLOCK_US_PER_COLUMN = 10.0
-CLUSTER_US_PER_COLUMN = 1.0  # a guess, not measured yet: a cluster barrier and reads of the other blocks' partials
+# A cluster's exchange per column over one block's chain: one 32-column lanes panel alone (scripts/panel_bench.py,
+# BENCHMARKS.md, twenty-first session) ran 1.15-1.18 µs a column on clusters of 8 (8 x 2048 rows, 512 threads a
+# block), 1.25-1.27 on clusters of 16 (2 x 4096), against 0.92-0.99 on one block of 512 threads (60 x 256).
+CLUSTER_US_PER_COLUMN = 0.25
 # FLOP/s of the split kernels: 5.5e12 measured where they split the rows (8 x 2048 rows, 16 x 112), 2.7e12 where
 # the batch alone fills the GPU and each block walks long row ranges (60 x 1024 rows, 32 x 96)
 SPLIT_RATE = {True: 5.5e12, False: 2.7e12}
@@ -51,8 +54,9 @@ class Estimate:
 
 
 def _column_us(variant: str, threads: int, slots: int, width: int, slice_: int) -> float:
-    if variant == "lanes":  # fitted to graph replays on the H200: 20 x 32², 40 x 176², 40 x 352² (BENCHMARKS.md)
-        return 0.3 + 0.05 * (threads // 32) + 0.02 * slots
+    if variant == "lanes":  # refitted to one panel alone on the H200 (twenty-first session; scripts/panel_bench.py):
+        # 512 threads, 16 rows a warp 0.92-0.99 µs a column; 704 threads, 16 rows 1.08-1.11
+        return 0.23 + 0.025 * (threads // 32) + 0.02 * slots
     if variant == "cols":
         return (2 * slots * slice_ + 10 * slice_ + 40) / CLOCK_HZ * 1e6
     return 1.2 + 0.08 * slots * width / 8 + 0.3 * math.log2(threads / 32)
