@@ -581,13 +581,25 @@ def test_qr_complete_and_reduced_from_kept_panels(batch, m, n):
     assert float(cupy.abs(q - qmatrix.householder_product(h, tau)).max()) <= 1e-4
 
 
+def _qr_modes_pass_every_family(fac, batch, seed):
+    """qr through `fac` (its keep plan) in both modes passes the Q gates on `batch` matrices of every family."""
+    import cupy
+
+    from test_qmatrix import _q_gates
+
+    for family in FAMILIES:
+        a = stress(family, fac.m, fac.n, batch, seed=seed)
+        for mode in ("reduced", "complete"):
+            q, r = qrgen.qr(cupy.asarray(a), mode=mode, factorizer=fac)
+            factor, orth = _q_gates(a, q.get(), r.get())
+            assert (factor <= 20).all() and (orth <= 100).all(), (family, mode, factor.max(), orth.max())
+
+
 def test_qr_of_a_reach_schedule():
     """qr through the keep plan of a schedule with reach (each aggregate's merge and products on the side lane,
     merged for Q all the same): both modes pass the gates on every family, and Q is qrgen.qmatrix's of the same h
     and tau."""
     import cupy
-
-    from test_qmatrix import _q_gates
 
     from qrgen import qmatrix
     from qrgen.runtime import Factorizer
@@ -595,12 +607,7 @@ def test_qr_of_a_reach_schedule():
     m, n = 600, 520
     fac = Factorizer(m, n, _aggregated_schedule(m, n, 32, 128, "fused", 32, reach=True), "sm_90")
     assert fac.keep_variant() is not None and any(g.c1 > g.a1 for g in fac.keep_variant().aggregates)
-    for family in FAMILIES:
-        a = stress(family, m, n, 2, seed=12)
-        for mode in ("reduced", "complete"):
-            q, r = qrgen.qr(cupy.asarray(a), mode=mode, factorizer=fac)
-            factor, orth = _q_gates(a, q.get(), r.get())
-            assert (factor <= 20).all() and (orth <= 100).all(), (family, mode, factor.max(), orth.max())
+    _qr_modes_pass_every_family(fac, 2, seed=12)
     a = cupy.asarray(stress("random", m, n, 3, seed=3))
     h, tau = fac(a)
     q, _ = qrgen.qr(a, factorizer=fac)
@@ -614,8 +621,6 @@ def test_qr_q_products_of_kept_aggregates_in_tf32x3(monkeypatch):
     and tau to fp32 accuracy."""
     import cupy
 
-    from test_qmatrix import _q_gates
-
     from qrgen import qmatrix, runtime
     from qrgen.runtime import Factorizer
 
@@ -628,12 +633,7 @@ def test_qr_q_products_of_kept_aggregates_in_tf32x3(monkeypatch):
     own = {k.name for k in fac.kernels if k.variant == "gemm3"}
     assert own <= {"qr_gemm3_gram"}  # at most the gram kernel, for an fp32 G (codegen.gemm3_kinds)
     assert {"qr_gemm3_project", "qr_gemm3_update"} <= {k.name for k in fac.keep_variant().kernels}
-    for family in FAMILIES:
-        a = stress(family, m, n, 3, seed=11)
-        for mode in ("reduced", "complete"):
-            q, r = qrgen.qr(cupy.asarray(a), mode=mode, factorizer=fac)
-            factor, orth = _q_gates(a, q.get(), r.get())
-            assert (factor <= 20).all() and (orth <= 100).all(), (family, mode, factor.max(), orth.max())
+    _qr_modes_pass_every_family(fac, 3, seed=11)
     # every Q product aligned and at least 64 in each dimension: none falls back to cuBLAS
     assert launched and all(launched)
     a = cupy.asarray(stress("random", m, n, 4, seed=3))
