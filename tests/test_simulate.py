@@ -261,6 +261,33 @@ def test_reach():
         assert np.abs(wrong - hr).max() > 1e-2 * np.abs(a).max(), engine_type.__name__
 
 
+class _SideAtOnce(simulate.NumpyEngine):
+    """Side-lane work run as soon as it is queued, the earliest the GPU could (its fork waits for what the main lane
+    queued before it): with the default engine, which runs it at the latest, the two bracket every order the GPU may
+    take, so a main-lane operation queued after a fork that reads what the side lane writes shows here."""
+
+    def gemm(self, stage, *args, side=False, **kwargs):
+        super().gemm(stage, *args, **kwargs)
+
+    def tmat(self, agg, side=False):
+        super().tmat(agg)
+
+
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s.lookahead], ids=_id)
+def test_side_lane_work_at_its_earliest(schedule):
+    from qrgen.runtime import drive
+
+    a = stress("random", schedule.m, schedule.n, 2, seed=7)
+    hr, _ = reference.geqrf(a, schedule, dtype=np.float32)
+    fac = simulate._Fac(schedule)
+    h = a.copy()
+    engine = _SideAtOnce(fac, h, np.zeros((2, fac.k), dtype=np.float32))
+    drive(fac, engine)
+    simulate.NumpyEngine.join(engine)
+    assert not engine.held and any(e[0] == "fork" for e in engine.log)
+    assert np.abs(h - hr).max() <= 1e-4 * np.abs(a).max()
+
+
 def test_side_pieces_cover_the_columns_once():
     from qrgen.runtime import side_pieces
 
