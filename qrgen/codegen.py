@@ -292,7 +292,7 @@ def tsqr_phases(levels: tuple[tuple[int, int], ...], width: int) -> tuple[TsqrPh
             + (phase(3, 0, out=lay.stack[top], y=lay.stack[0] if top else -1),))
 
 
-def aggregates(schedule: Schedule, keep: bool = False) -> tuple[Aggregate, ...]:
+def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
     """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel.
     With Schedule.reach an aggregate's merged form updates from where the next aggregate ends (a keep plan merges
     every aggregate all the same, for Q)."""
@@ -338,7 +338,7 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
     whose products for kept blocks of GEMM3_MIN columns or more take the gemm3 kernels (q_precision)."""
     keys: dict[tuple, list[int]] = {}
     launches = []
-    aggs = aggregates(schedule, keep)
+    aggs = aggregates(schedule)
     for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
         rows = schedule.m - c0
         agg = next((a for a in aggs if a.first <= index <= a.last), None)

@@ -112,7 +112,7 @@ class Factorizer:
         self.keep = keep
         self.kernels, self.launches = codegen.plan(schedule, keep)
         self.shared_bytes = {k.name: k.shared_bytes for k in self.kernels}  # each kernel's dynamic shared memory
-        self.aggregates = codegen.aggregates(schedule, keep)
+        self.aggregates = codegen.aggregates(schedule)
         self.kept = codegen.kept_blocks(self.launches, self.aggregates) if keep else ()
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it

@@ -29,7 +29,7 @@ class _Fac:
         self.schedule = schedule
         self.keep = keep
         self.kernels, self.launches = plan(schedule, keep)
-        self.aggregates = aggregates(schedule, keep)
+        self.aggregates = aggregates(schedule)
         self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
 
 
