@@ -32,9 +32,10 @@ def _matmul(xp, a, b, precision: str = "fp32"):
     cupy.matmul), or in "tf32x3" through the gemm3 kernels where they take the product (runtime.gemm3_matmul);
     in NumPy float32 with tf32x3's rounding where asked (reference.product); float64 (the check) as it is."""
     if xp is np or a.dtype != xp.float32:
+        from .reference import matmul, product
+
         if precision == "fp32":
-            return xp.matmul(a, b)
-        from .reference import product
+            return matmul(a, b) if xp is np else xp.matmul(a, b)
 
         return product(a, b, precision)
     if precision == "tf32x3":  # one output, written by the gemm3 kernels or else cuBLAS

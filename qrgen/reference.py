@@ -1,8 +1,8 @@
 """The blocked algorithm of the generated kernels, in NumPy, following a schedule.
 
 float64: the exact reference (no rounding anywhere). float32: the kernels' arithmetic, with each trailing-update
-stage's inputs rounded as tf32, bf16 or fp16 would round them (or split in three tf32 products, tf32x3); tests
-use it to judge schedules and precision choices without a GPU.
+stage's inputs rounded as tf32, bf16 or fp16 would round them (or split in three tf32 products, tf32x3), each
+product rounded to float32 once (`matmul`); tests use it to judge schedules and precision choices without a GPU.
 """
 from __future__ import annotations
 
@@ -33,13 +33,23 @@ def round_to(x: np.ndarray, precision: str) -> np.ndarray:
 
 def product(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:
     """a @ b with inputs rounded as `precision` says; "tf32x3": a_hi b_hi + a_hi b_lo + a_lo b_hi over tf32 high parts
-    (rounded to nearest) and tf32 remainders (truncated), as templates/cuda/gemm3.cu.j2 splits them; float32 sums,
-    the low parts' product left out."""
+    (rounded to nearest) and tf32 remainders (truncated), as templates/cuda/gemm3.cu.j2 splits them, the three
+    products added in float32, the low parts' product left out."""
     if precision != "tf32x3" or a.dtype != np.float32:
-        return np.matmul(round_to(a, precision), round_to(b, precision))
+        return matmul(round_to(a, precision), round_to(b, precision))
     a_hi, b_hi = round_to(a, "tf32"), round_to(b, "tf32")
     a_lo, b_lo = _truncate_tf32(a - a_hi), _truncate_tf32(b - b_hi)
-    return np.matmul(a_lo, b_hi) + np.matmul(a_hi, b_lo) + np.matmul(a_hi, b_hi)
+    return matmul(a_lo, b_hi) + matmul(a_hi, b_lo) + matmul(a_hi, b_hi)
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for NumPy arrays, float32 operands summed in float64 and rounded once: the same bits whatever the
+    operands' shapes, strides and the CPU. A float32 BLAS sums in an order that depends on all three (OpenBLAS's
+    kernels on an AMD EPYC host made a launch sequence's column pieces and the reference's whole products differ in
+    the last bit, which fp16 rounding downstream magnified past the CPU tests' bounds)."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    return np.matmul(a, b)
 
 
 def _truncate_tf32(x: np.ndarray) -> np.ndarray:
@@ -139,14 +149,14 @@ def tsqr_factor_tiles(t4: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     batch, tiles, tile, w = t4.shape
     flat = t4.reshape(batch * tiles, tile, w)
     tau, v = _panel(flat)
-    tm = _tmatrix(np.matmul(v.transpose(0, 2, 1), v), tau)
+    tm = _tmatrix(matmul(v.transpose(0, 2, 1), v), tau)
     return (tau.reshape(batch, tiles, w), v.reshape(batch, tiles, tile, w), tm.reshape(batch, tiles, w, w))
 
 
 def tsqr_expand(v: np.ndarray, tm: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Each tile's Q block, [Y; 0] - V T V1^T Y (V unit lower trapezoidal (..., tile, w), T and Y (..., w, w))."""
     w = v.shape[-1]
-    q = -np.matmul(v, np.matmul(tm, np.matmul(np.swapaxes(v[..., :w, :], -1, -2), y)))
+    q = -matmul(v, matmul(tm, matmul(np.swapaxes(v[..., :w, :], -1, -2), y)))
     q[..., :w, :] += y
     return q
 
@@ -184,10 +194,11 @@ def _tmatrix(gram, tau, xp=np):
     arrays, or those of the array module xp (CuPy, for the float64 check on the GPU)."""
     batch, w = tau.shape
     t = xp.zeros((batch, w, w), dtype=tau.dtype)
+    mm = matmul if xp is np else xp.matmul
     for j in range(w):
         t[:, j, j] = tau[:, j]
         if j:
-            t[:, :j, j] = -tau[:, j, None] * xp.matmul(t[:, :j, :j], gram[:, :j, j, None])[:, :, 0]
+            t[:, :j, j] = -tau[:, j, None] * mm(t[:, :j, :j], gram[:, :j, j, None])[:, :, 0]
     return t
 
 
@@ -220,7 +231,7 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
 
     def wy(v, t, gram):  # Z = V T with T from the Gram matrix (inputs rounded as `gram` says) and tau
         vr = rnd(v, gram)
-        return np.matmul(v, _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t))
+        return matmul(v, _tmatrix(matmul(vr.transpose(0, 2, 1), vr), t))
 
     exps = scale_exponents(h) if low and schedule.scaled else None
     if exps is not None:

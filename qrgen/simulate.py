@@ -16,8 +16,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import qmatrix
 from .codegen import aggregates, kept_blocks, plan, tsqr_phases
-from .reference import (_panel, _tmatrix, product, round_to, scale, scale_exponents, tsqr_expand, tsqr_factor_tiles,
-                        tsqr_lu, tsqr_reflectors, tsqr_tiles)
+from .reference import (_panel, _tmatrix, matmul, product, round_to, scale, scale_exponents, tsqr_expand,
+                        tsqr_factor_tiles, tsqr_lu, tsqr_reflectors, tsqr_tiles)
 from .schedule import Schedule
 
 
@@ -71,11 +71,11 @@ class NumpyEngine:
             t, vv = _panel(p)
             h[:, L.c0:, L.c0:L.c0 + L.width] = p
             vr = round_to(vv, self.fac.schedule.panel_gram(index))
-            tm = _tmatrix(np.matmul(vr.transpose(0, 2, 1), vr), t)
+            tm = _tmatrix(matmul(vr.transpose(0, 2, 1), vr), t)
         self.tau[:, L.c0:L.c0 + L.width] = t
         if L.trail:
             self._matrix(v[0], v[1], L.v_bs, L.width, L.rows, L.v_ld)[...] = vv.transpose(0, 2, 1)
-            zt = np.matmul(vv, tm).transpose(0, 2, 1)
+            zt = matmul(vv, tm).transpose(0, 2, 1)
             self._matrix(z[0], z[1], L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
         self.log.append(("panel", index, epoch))
 
