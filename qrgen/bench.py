@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .replay import end_capture
+
 REFERENCE_CASES = ((20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (60, 1024, 1024),
                    (8, 2048, 2048), (2, 4096, 4096))
 SINGLE_TALL_CASES = ((1, 4096, 4096), (1, 2048, 2048), (1, 4096, 1024), (1, 8192, 512), (1, 100000, 32),
@@ -62,7 +64,8 @@ def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str 
 
 def graph_time_us(fn, inputs: list, reps: int) -> float:
     """median_time_us of CUDA-graph replays, one graph captured per input from fn(x) on a non-blocking stream
-    (after an eager warm-up): the GPU time of a call without the host's per-call cost."""
+    (after an eager warm-up), instantiated with node priorities as torch.cuda.CUDAGraph instantiates its graphs
+    (replay.end_capture): the GPU time of a call without the host's per-call cost."""
     import cupy
 
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -78,7 +81,7 @@ def graph_time_us(fn, inputs: list, reps: int) -> float:
             except BaseException:
                 stream.end_capture()  # leave the stream usable; the capture is discarded
                 raise
-            graphs.append(stream.end_capture())
+            graphs.append(end_capture(stream))
         return median_time_us(lambda graph: graph.launch(stream), graphs, reps, warmup=1)
 
 
@@ -96,7 +99,7 @@ def back_to_back_us(fn, calls: int = 100, rounds: int = 5) -> float:
         try:
             outputs = [fn() for _ in range(calls)]  # noqa: F841
         finally:
-            graph = stream.end_capture()
+            graph = end_capture(stream)
         graph.launch(stream)
         stream.synchronize()
         start, stop, times = cupy.cuda.Event(), cupy.cuda.Event(), []

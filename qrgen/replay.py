@@ -12,9 +12,16 @@ cuBLAS handle's) is made by one eager run before the capture, from the caller's 
 (replays on it are ordered by the stream; the lock keeps each call's copy-in, replay and copy-out together). Calls
 made while the caller's stream is being captured (the caller's own graph) run eagerly, as do all calls with
 QRGEN_REPLAY=0 in the environment.
+
+Graphs here (and the benchmark's) are instantiated with node priorities (`end_capture`), as torch.cuda.CUDAGraph
+instantiates its own: a lookahead schedule queues its panels' chain on a stream of the highest priority, and a graph
+instantiated without them (CuPy's Stream.end_capture) replays every kernel at the priority of the stream it is
+launched into, so the side lane's GEMMs take SMs the next panel waits for.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -42,7 +49,7 @@ def enabled() -> bool:
 @dataclass
 class _Plan:
     calls: int = 0
-    graph: object = None  # cupy.cuda.graph.Graph once captured; None before, False if the capture failed
+    graph: object = None  # a Graph (or CuPy's) once captured; None before, False if the capture failed
     inputs: tuple = ()
     outputs: tuple = ()
     keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
@@ -116,7 +123,7 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
                 try:
                     outputs = fn(side, *inputs)
                 finally:
-                    graph = side.end_capture()
+                    graph = end_capture(side)
         except Exception:  # a launch sequence that cannot be captured runs eagerly (fn raises again if it is wrong)
             return
     held = sum(a.nbytes for a in inputs) + pool.total_bytes()
@@ -134,3 +141,60 @@ def clear() -> None:
         if _PLANS:
             cupy.cuda.runtime.deviceSynchronize()
         _PLANS.clear()
+
+
+# Measured on the H200 (BENCHMARKS.md, twenty-second session), graph replay µs, CuPy's instantiation against this
+# one's (the environment's CUDA_GRAPHS_USE_NODE_PRIORITY=1), two rounds: 2 x 4096² 8,815 / 8,823 -> 8,353 / 8,369,
+# 8 x 2048² 4,584 / 4,579 -> 4,435 / 4,417, 4 x 2048² 5,868 / 5,859 -> 5,667 / 5,667, 1 x 4096² 7,509 / 7,535 ->
+# 7,369 / 7,356; 60 x 1024², 640 x 512² and 40 x 352² unchanged within 1%.
+_USE_NODE_PRIORITY = 8  # cudaGraphInstantiateFlagUseNodePriority
+
+
+@functools.cache
+def _driver():
+    """The CUDA driver's graph entry points (runtime and driver graph handles are the same objects), or None."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        functions = (lib.cuGraphInstantiateWithFlags, lib.cuGraphLaunch, lib.cuGraphExecDestroy, lib.cuGraphDestroy)
+    except (OSError, AttributeError):
+        return None
+    handle = ctypes.c_void_p
+    for fn, args in zip(functions, ((ctypes.POINTER(handle), handle, ctypes.c_ulonglong), (handle, handle),
+                                    (handle,), (handle,))):
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    return lib
+
+
+class Graph:
+    """An executable CUDA graph instantiated with node priorities; launch(stream) like cupy.cuda.Graph's."""
+
+    def __init__(self, graph: int):
+        lib = _driver()
+        exec_ = ctypes.c_void_p()
+        status = lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, _USE_NODE_PRIORITY)
+        lib.cuGraphDestroy(graph)  # the executable graph no longer needs it
+        if status:
+            raise RuntimeError(f"cuGraphInstantiateWithFlags failed with CUDA error {status}")
+        self._lib, self._exec = lib, exec_
+
+    def launch(self, stream=None) -> None:
+        import cupy
+
+        ptr = (stream or cupy.cuda.get_current_stream()).ptr
+        status = self._lib.cuGraphLaunch(self._exec, ptr)
+        if status:
+            raise RuntimeError(f"cuGraphLaunch failed with CUDA error {status}")
+
+    def __del__(self):
+        if getattr(self, "_exec", None):
+            self._lib.cuGraphExecDestroy(self._exec)
+
+
+def end_capture(stream):
+    """End `stream`'s capture (begun with stream.begin_capture()) into a graph whose kernels keep the priorities of
+    the streams they were captured from; CuPy's own graph where the driver library cannot be loaded."""
+    if _driver() is None:
+        return stream.end_capture()
+    import cupy
+
+    return Graph(cupy.cuda.runtime.streamEndCapture(stream.ptr))

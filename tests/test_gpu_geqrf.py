@@ -448,14 +448,16 @@ def test_geqrf_and_qr_captured_in_a_cuda_graph_replay_new_data():
         assert (factor <= 20).all() and (orth <= 100).all(), (factor.max(), orth.max())
 
 
+@pytest.mark.parametrize("node_priority", [False, True])
 @pytest.mark.parametrize("reach", [False, True])
-def test_lookahead_on_the_callers_stream_and_in_a_graph(reach):
+def test_lookahead_on_the_callers_stream_and_in_a_graph(reach, node_priority):
     """A lookahead schedule runs on its own two streams between events on the caller's: queued after the caller's
     earlier work (here a fill it must not overtake), finished before the caller's later work, and capturable: a
     graph replayed on new data gives what an eager call on that data gives (with reach, the side lane's marks
-    inside the capture too)."""
+    inside the capture too), instantiated by CuPy or with node priorities (replay.end_capture)."""
     import cupy
 
+    from qrgen.replay import Graph, end_capture
     from qrgen.runtime import Factorizer
 
     schedule = _aggregated_schedule(1024, 1024, 32, 128, "split", lookahead=2, reach=reach)
@@ -477,7 +479,8 @@ def test_lookahead_on_the_callers_stream_and_in_a_graph(reach):
         stream.synchronize()
         stream.begin_capture()
         gh, gtau = fac(a)
-        graph = stream.end_capture()
+        graph = end_capture(stream) if node_priority else stream.end_capture()
+        assert isinstance(graph, Graph) == node_priority
         a.set(second, stream=stream)
         graph.launch(stream)
         stream.synchronize()
