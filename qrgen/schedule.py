@@ -591,15 +591,34 @@ def default_panel_update(problem: Problem) -> str:
     return "fused"
 
 
+# Several aggregated matrices: clusters of 256 to 512 rows a block (16 to 32 warps of 16 rows, as the tuned 8 x 2048²
+# and 2 x 4096² files have them), the most blocks such that the batch's clusters take at most CLUSTER_BLOCKS_MAX
+# blocks. Measured on the H200 (BENCHMARKS.md, twenty-second session; graph replay, µs): against the former default's
+# one-block panels 2 x 2048² 5,358 -> 3,264, 4 x 2048² 5,882 -> 3,637, 16 x 2048² 8,325 -> 6,713 (8 blocks; 4:
+# 6,465), 3 x 4096² 17,159 -> 9,791, 4 x 4096² 18,618 -> 10,902 (16 blocks; 8: 11,661), 8 x 4096² 21,854 ->
+# 19,710 (16 blocks; 8: 15,881), 2 x 4096x1024 5,680 -> 3,408; the tuned 8 x 2048² with 4, 8 and 16 blocks
+# 5,264, 4,415 and 4,862. Past 64 blocks the clusters of 16 no longer run at once, and more blocks leave the side
+# lane's GEMMs fewer SMs.
+CLUSTER_ROWS_PER_BLOCK = (256, 512)
+CLUSTER_BLOCKS_MAX = 64
+
+
 def default_cluster(problem: Problem) -> int:
-    """Blocks per cluster of the default's rows panels (0: none). One matrix leaves all but a few SMs idle; a
+    """Blocks per cluster of the default's panels (0: none). One matrix leaves all but a few SMs idle; a
     cluster of 8 blocks per panel (no aggregates) measured on the H200, graph replay: 1 x 8192x512 4.54 -> 2.18 ms,
     1 x 4096x1024 5.87 -> 3.99, 1 x 2048² 6.82 -> 6.40 (BENCHMARKS.md, 2026-11-30); clusters of 16 against 8 on
     the committed (tuned) schedules: 1 x 4096² 9,260 -> 8,045 µs, 1 x 4096x1024 2,885 -> 2,268, 1 x 8192x512 1,621
-    -> 1,297, 1 x 2048² 3,316 -> 3,160 (twentieth session; at 2 to 8 aggregated matrices of 2048² no gain or a
-    loss: 8 x 2048² 4,590 -> 5,072; 2 x 4096² 10,385 -> 9,321). Where the rows are too many for a cluster's
-    registers, the default's multi-block panels."""
-    return DEFAULT_CLUSTER if problem.batch == 1 and problem.m >= CLUSTER_FROM else 0
+    -> 1,297, 1 x 2048² 3,316 -> 3,160 (twentieth session). Where the rows are too many for a cluster's
+    registers, the default's multi-block panels. Several aggregated matrices: see CLUSTER_BLOCKS_MAX."""
+    if problem.m < CLUSTER_FROM:
+        return 0
+    if problem.batch == 1:
+        return DEFAULT_CLUSTER
+    fewest = max(2, 1 << (-(-problem.m // CLUSTER_ROWS_PER_BLOCK[1]) - 1).bit_length())
+    blocks = min(MAX_CLUSTER, 1 << (problem.m // CLUSTER_ROWS_PER_BLOCK[0]).bit_length() - 1)
+    while blocks >= fewest and problem.batch * blocks > CLUSTER_BLOCKS_MAX:
+        blocks //= 2
+    return blocks if blocks >= fewest and default_aggregate(problem) else 0
 
 
 @dataclass(frozen=True)
@@ -639,12 +658,12 @@ def tsqr_panel(rows: int, remaining: int, width: int = TSQR_PANEL["width"], thre
 
 
 def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
-    """clustered=False: the heuristic as it would be without clusters for single matrices."""
+    """clustered=False: the heuristic as it would be without clusters."""
     if default_tsqr(problem):
         aggregate = TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0
         return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
     cluster = default_cluster(problem) if clustered else 0
-    aggregate = 0 if cluster else default_aggregate(problem)
+    aggregate = 0 if cluster and problem.batch == 1 else default_aggregate(problem)
     update = default_panel_update(problem)
     precision = default_precision(problem, aggregate, update)
     lookahead = default_lookahead(problem, aggregate, precision)

@@ -77,7 +77,7 @@ DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster"
 
 def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
-    clustered=False: the heuristic without clusters for single matrices."""
+    clustered=False: the heuristic without clusters."""
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -391,7 +391,7 @@ def _variations(problem: Problem) -> list[dict]:
                    "loop": False} for slots, blocks in ((16, 8), (32, 8)) + wide]
         if problem.m >= TSQR_WARM_ROWS:
             found.append({**lanes, "family": "tsqr", **TSQR_WARM})
-    if params.get("lanes_cluster"):  # the default's clusters (single matrices): the default without them
+    if params.get("lanes_cluster"):  # the default's clusters: the default without them
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):
         found.append({**params, "loop": not params["loop"]})
