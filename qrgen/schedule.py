@@ -561,7 +561,7 @@ ONE_WARP_ROWS = 32  # the most rows of the default's lanes panels on one warp (l
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
 DEFAULT_CLUSTER = MAX_CLUSTER
-CLUSTER_FROM = 1024  # rows from which the default's panels run on clusters (default_cluster)
+CLUSTER_FROM = 512  # rows from which the default's panels run on clusters (default_cluster)
 TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 by default (default_precision)
 
 
@@ -591,15 +591,17 @@ def default_panel_update(problem: Problem) -> str:
     return "fused"
 
 
-# Several aggregated matrices: clusters of 256 to 512 rows a block (16 to 32 warps of 16 rows, as the tuned 8 x 2048²
-# and 2 x 4096² files have them), the most blocks such that the batch's clusters take at most CLUSTER_BLOCKS_MAX
-# blocks. Measured on the H200 (BENCHMARKS.md, twenty-second session; graph replay, µs): against the former default's
-# one-block panels 2 x 2048² 5,358 -> 3,264, 4 x 2048² 5,882 -> 3,637, 16 x 2048² 8,325 -> 6,713 (8 blocks; 4:
+# Several matrices: clusters of 256 to 512 rows a block (16 to 32 warps of 16 rows, as the tuned 8 x 2048² and
+# 2 x 4096² files have them), the most blocks such that the batch's clusters take at most CLUSTER_BLOCKS_MAX blocks
+# (past 64 the clusters of 16 no longer all run at once, and more blocks leave the side lane's GEMMs fewer SMs).
+# Measured on the H200 against the former default's one-block panels (BENCHMARKS.md, twenty-second session; graph
+# replay, µs): 2 x 2048² 5,358 -> 3,264, 4 x 2048² 5,882 -> 3,637, 16 x 2048² 8,325 -> 6,713 (8 blocks; 4:
 # 6,465), 3 x 4096² 17,159 -> 9,791, 4 x 4096² 18,618 -> 10,902 (16 blocks; 8: 11,661), 8 x 4096² 21,854 ->
 # 19,710 (16 blocks; 8: 15,881), 2 x 4096x1024 5,680 -> 3,408; the tuned 8 x 2048² with 4, 8 and 16 blocks
 # 5,264, 4,415 and 4,862; from 1024 rows: 2 x 1024² 2,406 -> 1,619, 4 x 1024² 2,452 -> 1,659, 8 x 1024² 2,927 ->
-# 1,968, 16 x 1024² 3,312 -> 2,307, 32 x 1024² 4,022 -> 3,224 (2 blocks), 2 x 1536² 3,896 -> 2,844. Past 64 blocks the clusters of 16 no longer run at once, and more blocks leave the side
-# lane's GEMMs fewer SMs.
+# 1,968, 16 x 1024² 3,312 -> 2,307, 32 x 1024² 4,022 -> 3,224 (2 blocks), 2 x 1536² 3,896 -> 2,844; from 512 rows
+# (and without aggregates): 4 x 512² 890 -> 677, 16 x 512² 980 -> 785, 32 x 512² 1,196 -> 935, 8 x 768² 1,755 ->
+# 1,368, 4 x 4096x512 2,949 -> 1,366.
 CLUSTER_ROWS_PER_BLOCK = (256, 512)
 CLUSTER_BLOCKS_MAX = 64
 
@@ -609,9 +611,10 @@ def default_cluster(problem: Problem) -> int:
     cluster of 8 blocks per panel (no aggregates) measured on the H200, graph replay: 1 x 8192x512 4.54 -> 2.18 ms,
     1 x 4096x1024 5.87 -> 3.99, 1 x 2048² 6.82 -> 6.40 (BENCHMARKS.md, 2026-11-30); clusters of 16 against 8 on
     the committed (tuned) schedules: 1 x 4096² 9,260 -> 8,045 µs, 1 x 4096x1024 2,885 -> 2,268, 1 x 8192x512 1,621
-    -> 1,297, 1 x 2048² 3,316 -> 3,160 (twentieth session); from 1024 rows (CLUSTER_FROM, 2048 before), against
-    one-block panels: 1 x 1024² 2,321 -> 1,231 µs (twenty-second session). Where the rows are too many for a
-    cluster's registers, the default's multi-block panels. Several aggregated matrices: see CLUSTER_BLOCKS_MAX."""
+    -> 1,297, 1 x 2048² 3,316 -> 3,160 (twentieth session); from 512 rows (CLUSTER_FROM, 2048 before), against
+    one-block panels: 1 x 512² 879 -> 559 µs, 1 x 768² 1,535 -> 878, 1 x 1024² 2,321 -> 1,231 (twenty-second
+    session). Where the rows are too many for a cluster's registers, the default's multi-block panels. Several
+    matrices: see CLUSTER_BLOCKS_MAX."""
     if problem.m < CLUSTER_FROM:
         return 0
     if problem.batch == 1:
@@ -620,7 +623,7 @@ def default_cluster(problem: Problem) -> int:
     blocks = min(MAX_CLUSTER, 1 << (problem.m // CLUSTER_ROWS_PER_BLOCK[0]).bit_length() - 1)
     while blocks >= fewest and problem.batch * blocks > CLUSTER_BLOCKS_MAX:
         blocks //= 2
-    return blocks if blocks >= fewest and default_aggregate(problem) else 0
+    return blocks if blocks >= fewest else 0
 
 
 @dataclass(frozen=True)

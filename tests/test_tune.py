@@ -299,17 +299,17 @@ def test_cost_model_ranks_tsqr_as_measured(m, n):
 
 
 def test_single_tall_matrices_default_to_clusters():
-    """One matrix of 2048 rows or more: rows panels on clusters of 16 blocks where they fit, no aggregates;
+    """One matrix of CLUSTER_FROM rows or more: panels on clusters of 16 blocks where they fit, no aggregates;
     rows beyond a cluster's registers fall back to the multi-block panels; from TSQR_FROM rows and TSQR_ASPECT
     rows a column (up to TSQR_MAX_BATCH matrices), tsqr panels where a panel has two tiles of rows."""
-    from qrgen.schedule import DEFAULT_CLUSTER, MAX_CLUSTER, TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH
+    from qrgen.schedule import CLUSTER_FROM, DEFAULT_CLUSTER, MAX_CLUSTER, TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH
 
     schedule = default_schedule(Problem(8192, 512, 1))
     assert DEFAULT_CLUSTER == MAX_CLUSTER == 16
     assert all(p.cluster and p.blocks == 16 for p in schedule.panels) and schedule.aggregate == 0
     schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 1))  # (a cluster's registers hold the later panels)
     assert not schedule.panels[0].cluster and schedule.panels[0].blocks > 1
-    assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 2)).panels)
+    assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 8)).panels)  # 8 x 16 blocks: too many
     for batch in (1, TSQR_MAX_BATCH):
         schedule = default_schedule(Problem(100000, 32, batch))
         assert [(p.variant, p.width, p.loop) for p in schedule.panels] == [("tsqr", 16, True)] * 2
@@ -317,7 +317,25 @@ def test_single_tall_matrices_default_to_clusters():
     schedule = default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT, 1))
     assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.aggregate == 64
     assert default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
-    assert not any(p.cluster for p in default_schedule(Problem(1000, 1000, 1)).panels)
+    assert all(p.blocks == 16 for p in default_schedule(Problem(CLUSTER_FROM, CLUSTER_FROM, 1)).panels)
+    assert not any(p.cluster for p in default_schedule(Problem(CLUSTER_FROM - 1, CLUSTER_FROM - 1, 1)).panels)
+
+
+@pytest.mark.parametrize("m,n,batch,blocks", [
+    (2048, 2048, 2, 8), (2048, 2048, 8, 8), (2048, 2048, 9, 4), (2048, 2048, 16, 4), (2048, 2048, 17, 0),
+    (4096, 4096, 4, 16), (4096, 4096, 5, 8), (4096, 4096, 8, 8), (4096, 4096, 9, 0), (1024, 1024, 16, 4),
+    (1024, 1024, 32, 2), (1024, 1024, 60, 0), (1536, 1536, 2, 4), (512, 512, 32, 2), (512, 512, 33, 0),
+    (8192, 512, 2, 16), (511, 511, 2, 0)])
+def test_batches_default_to_clusters_of_256_to_512_rows_a_block(m, n, batch, blocks):
+    """Several matrices of CLUSTER_FROM rows or more: clusters of 256 to 512 rows a block (a power of two, at most
+    16 blocks), the most blocks with at most CLUSTER_BLOCKS_MAX in all, or none where even the fewest exceed it;
+    the aggregates and lookahead the batch would have without clusters."""
+    problem = Problem(m, n, batch)
+    schedule = default_schedule(problem)
+    assert {p.blocks for p in schedule.panels} == {blocks or 1} and all(p.cluster == bool(blocks)
+                                                                        for p in schedule.panels)
+    unclustered = schedule_from_params(problem, default_params(problem, clustered=False))
+    assert (schedule.aggregate, schedule.lookahead) == (unclustered.aggregate, unclustered.lookahead)
 
 
 @pytest.mark.parametrize("gain", [0.01, 0.05])
