@@ -277,6 +277,21 @@ def test_cluster_panel_kernels_compile_without_spills(tmp_path, monkeypatch):
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
 
 
+@needs_nvrtc
+def test_default_cluster_panels_compile_without_spills(tmp_path, monkeypatch):
+    """The default's lanes panels on clusters for batches (schedule.default_cluster): the widest and narrowest
+    blocks of each, at 512, 1024 and 4096 rows, compile for sm_90 without spills."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    items = []
+    for m, n, batch, blocks in [(512, 512, 4, 2), (1024, 1024, 8, 4), (4096, 512, 4, 16)]:
+        schedule = default_schedule(Problem(m, n, batch))
+        assert all(p.variant == "lanes" and p.blocks == blocks for p in schedule.panels)
+        lanes = [r for r in codegen.render_all(schedule, "sm_90") if r.name.startswith("qr_lanes")]
+        items += [(r.name, r.source) for r in (lanes[0], lanes[-1])]
+    for binary in qcompile.compile_many(items, "sm_90"):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
 @pytest.mark.parametrize("m,n,batch,fused", [(32, 32, 20, True), (100, 20, 3, True), (40, 1, 2, True),
                                              (32, 32, 20000, True), (64, 64, 3, False), (10, 100, 3, False),
                                              (4096, 32, 1, False)])

@@ -72,6 +72,14 @@ def _plans(kind):
     return [p for k, p in replay._PLANS.items() if k[0] == kind]
 
 
+def test_end_capture_without_the_driver_library_is_cupys(monkeypatch):
+    """Where libcuda cannot be loaded (no driver), end_capture leaves the capture to CuPy's Stream.end_capture."""
+    monkeypatch.setattr(replay, "_driver", lambda: None)
+    stream = _Stream()
+    stream.end_capture = lambda: "cupy's graph"
+    assert replay.end_capture(stream) == "cupy's graph"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,batch", [(176, 176, 5), (300, 200, 3), (20000, 32, 1)])
 def test_replayed_calls_match_eager_ones(monkeypatch, m, n, batch):
