@@ -152,42 +152,40 @@ _USE_NODE_PRIORITY = 8  # cudaGraphInstantiateFlagUseNodePriority
 
 @functools.cache
 def _driver():
-    """The CUDA driver's graph entry points (runtime and driver graph handles are the same objects), or None."""
+    """The CUDA driver's entry point that instantiates a graph with flags (runtime and driver graph handles are the
+    same objects; CuPy's runtime module has no such call), or None."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        functions = (lib.cuGraphInstantiateWithFlags, lib.cuGraphLaunch, lib.cuGraphExecDestroy, lib.cuGraphDestroy)
+        instantiate = ctypes.CDLL("libcuda.so.1").cuGraphInstantiateWithFlags
     except (OSError, AttributeError):
         return None
-    handle = ctypes.c_void_p
-    for fn, args in zip(functions, ((ctypes.POINTER(handle), handle, ctypes.c_ulonglong), (handle, handle),
-                                    (handle,), (handle,))):
-        fn.argtypes, fn.restype = args, ctypes.c_int
-    return lib
+    instantiate.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong)
+    instantiate.restype = ctypes.c_int
+    return instantiate
 
 
 class Graph:
-    """An executable CUDA graph instantiated with node priorities; launch(stream) like cupy.cuda.Graph's."""
+    """An executable CUDA graph instantiated with node priorities; launch(stream) like cupy.cuda.Graph's (through
+    CuPy's runtime binding, which costs the host less than a ctypes call)."""
 
     def __init__(self, graph: int):
-        lib = _driver()
-        exec_ = ctypes.c_void_p()
-        status = lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, _USE_NODE_PRIORITY)
-        lib.cuGraphDestroy(graph)  # the executable graph no longer needs it
+        import cupy
+
+        handle = ctypes.c_void_p()
+        status = _driver()(ctypes.byref(handle), graph, _USE_NODE_PRIORITY)
+        cupy.cuda.runtime.graphDestroy(graph)  # the executable graph no longer needs it
         if status:
             raise RuntimeError(f"cuGraphInstantiateWithFlags failed with CUDA error {status}")
-        self._lib, self._exec = lib, exec_
+        self._exec = handle.value
+        self._runtime = cupy.cuda.runtime  # kept for __del__ at interpreter exit
 
     def launch(self, stream=None) -> None:
         import cupy
 
-        ptr = (stream or cupy.cuda.get_current_stream()).ptr
-        status = self._lib.cuGraphLaunch(self._exec, ptr)
-        if status:
-            raise RuntimeError(f"cuGraphLaunch failed with CUDA error {status}")
+        self._runtime.graphLaunch(self._exec, (cupy.cuda.get_current_stream() if stream is None else stream).ptr)
 
     def __del__(self):
         if getattr(self, "_exec", None):
-            self._lib.cuGraphExecDestroy(self._exec)
+            self._runtime.graphExecDestroy(self._exec)
 
 
 def end_capture(stream):
