@@ -561,7 +561,10 @@ ONE_WARP_ROWS = 32  # the most rows of the default's lanes panels on one warp (l
 DEFAULT_AGGREGATE = 128
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
 DEFAULT_CLUSTER = MAX_CLUSTER
-CLUSTER_FROM = 512  # rows from which the default's panels run on clusters (default_cluster)
+CLUSTER_FROM = 512  # rows from which the default's panels run on clusters (default_cluster) ...
+# ... except a one-panel matrix (n <= 32), below this many rows or in a batch: its one block keeps qr's fused Q kernel
+# (codegen.fused_q_kernel, one launch), and clusters there have not been measured
+ONE_PANEL_CLUSTER_FROM = 2048
 TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 by default (default_precision)
 
 
@@ -616,6 +619,8 @@ def default_cluster(problem: Problem) -> int:
     session). Where the rows are too many for a cluster's registers, the default's multi-block panels. Several
     matrices: see CLUSTER_BLOCKS_MAX."""
     if problem.m < CLUSTER_FROM:
+        return 0
+    if problem.n <= 32 and not (problem.batch == 1 and problem.m >= ONE_PANEL_CLUSTER_FROM):
         return 0
     if problem.batch == 1:
         return DEFAULT_CLUSTER

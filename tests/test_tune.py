@@ -319,17 +319,18 @@ def test_single_tall_matrices_default_to_clusters():
     assert default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
     assert all(p.blocks == 16 for p in default_schedule(Problem(CLUSTER_FROM, CLUSTER_FROM, 1)).panels)
     assert not any(p.cluster for p in default_schedule(Problem(CLUSTER_FROM - 1, CLUSTER_FROM - 1, 1)).panels)
+    assert all(p.blocks == 16 for p in default_schedule(Problem(2048, 32, 1)).panels)  # one panel: from 2048 rows
 
 
 @pytest.mark.parametrize("m,n,batch,blocks", [
     (2048, 2048, 2, 8), (2048, 2048, 8, 8), (2048, 2048, 9, 4), (2048, 2048, 16, 4), (2048, 2048, 17, 0),
     (4096, 4096, 4, 16), (4096, 4096, 5, 8), (4096, 4096, 8, 8), (4096, 4096, 9, 0), (1024, 1024, 16, 4),
     (1024, 1024, 32, 2), (1024, 1024, 60, 0), (1536, 1536, 2, 4), (512, 512, 32, 2), (512, 512, 33, 0),
-    (8192, 512, 2, 16), (511, 511, 2, 0)])
+    (8192, 512, 2, 16), (511, 511, 2, 0), (4096, 32, 2, 0), (1024, 32, 1, 0), (2048, 33, 2, 8)])
 def test_batches_default_to_clusters_of_256_to_512_rows_a_block(m, n, batch, blocks):
-    """Several matrices of CLUSTER_FROM rows or more: clusters of 256 to 512 rows a block (a power of two, at most
-    16 blocks), the most blocks with at most CLUSTER_BLOCKS_MAX in all, or none where even the fewest exceed it;
-    the aggregates and lookahead the batch would have without clusters."""
+    """Several matrices of CLUSTER_FROM rows or more and more than one panel's columns: clusters of 256 to 512 rows
+    a block (a power of two, at most 16 blocks), the most blocks with at most CLUSTER_BLOCKS_MAX in all, or none
+    where even the fewest exceed it; the aggregates and lookahead the batch would have without clusters."""
     problem = Problem(m, n, batch)
     schedule = default_schedule(problem)
     assert {p.blocks for p in schedule.panels} == {blocks or 1} and all(p.cluster == bool(blocks)
