@@ -523,14 +523,15 @@ def one_warp_tail(schedule: "Schedule") -> "Schedule":
 
 
 def with_cluster(schedule: "Schedule", blocks: int, min_rows: int = 0,
-                 slots: int = CLUSTER_LANE_SLOTS) -> "Schedule":
-    """`schedule` with every cluster panel of at least `min_rows` rows on clusters of `blocks` blocks instead (a
-    lanes panel of about `slots` rows per warp where it fits, else a rows panel: cluster_lanes_panel); panels that
-    fit neither, and panels not on clusters, stay as they are."""
+                 slots: int = CLUSTER_LANE_SLOTS, every: bool = False) -> "Schedule":
+    """`schedule` with every cluster panel (every=True: also every lanes or rows panel on one block) of at least
+    `min_rows` rows on clusters of `blocks` blocks instead (a lanes panel of about `slots` rows per warp where it
+    fits, else a rows panel: cluster_lanes_panel); panels that fit neither, and the others, stay as they are."""
     panels, col = [], 0
     for p in schedule.panels:
         rows = schedule.m - col
-        q = cluster_lanes_panel(rows, p.width, blocks, slots) if p.cluster and rows >= min_rows else None
+        chosen = p.cluster or (every and p.blocks == 1 and p.variant in ("lanes", "rows"))
+        q = cluster_lanes_panel(rows, p.width, blocks, slots) if chosen and rows >= min_rows else None
         panels.append(with_loop(q, p.loop) if q is not None else p)
         col += p.width
     return replace(schedule, panels=tuple(panels))

@@ -219,3 +219,5 @@ def test_with_cluster_moves_only_cluster_panels():
     u = with_cluster(s, 16, min_rows=4096 - 40)
     assert [p.blocks for p in u.panels[:3]] == [16, 16, 8] and u.panels[3] == s.panels[3]
     assert with_cluster(t, 16) == t
+    v = with_cluster(s, 16, every=True)  # the one-block panel too
+    assert v.panels[:3] == t.panels[:3] and v.panels[3] == lanes_panel(4096 - 80, s.panels[3].width, 16, 16)
