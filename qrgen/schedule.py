@@ -625,8 +625,9 @@ def default_cluster(problem: Problem) -> int:
         return 0
     if problem.batch == 1:
         return DEFAULT_CLUSTER
-    fewest = max(2, 1 << (-(-problem.m // CLUSTER_ROWS_PER_BLOCK[1]) - 1).bit_length())
-    blocks = min(MAX_CLUSTER, 1 << (problem.m // CLUSTER_ROWS_PER_BLOCK[0]).bit_length() - 1)
+    most_rows, fewest_rows = CLUSTER_ROWS_PER_BLOCK[1], CLUSTER_ROWS_PER_BLOCK[0]
+    fewest = max(2, 1 << (math.ceil(problem.m / most_rows) - 1).bit_length())  # power of two >= m / 512
+    blocks = min(MAX_CLUSTER, 1 << (problem.m // fewest_rows).bit_length() - 1)  # power of two <= m / 256
     while blocks >= fewest and problem.batch * blocks > CLUSTER_BLOCKS_MAX:
         blocks //= 2
     return blocks if blocks >= fewest else 0
