@@ -109,9 +109,13 @@ TMAT_XLD = 32 + 4  # and of X (32 columns)
 # with K contiguous; update: C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous); gram: an
 # aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that reach G's upper
 # part (upper_only). Every kernel can split K into parts written apart (runtime.gram_splits: G of few matrices).
+# project64: a projection of at most 64 rows (aggregates of 64) on 64 x 64 tiles, where the 128-row tile would
+# compute half its products on zeros (twenty-third session: 640 x 512²'s first aggregate 608 -> 365 µs).
 GEMM3 = {
     "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
                     b_kcontig=False, upper_only=False),
+    "project64": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
+                      b_kcontig=False, upper_only=False),
     "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
                    b_kcontig=False, upper_only=False),
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
@@ -142,12 +146,19 @@ def gemm3_kinds(schedule: Schedule) -> tuple[str, ...]:
     kernel where their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel
     also serves an fp32 G of few matrices, its K split over more blocks (runtime.gram_splits), whatever the update."""
     p, aggs = schedule.precision, aggregates(schedule)
-    trailing = any(a.nc > 0 for a in aggs) or any(panel.width >= GEMM3_MIN for panel in schedule.panels)
+    # the projections' rows: each aggregate's width where columns lie right of it, each panel's that the kernels take
+    widths = {a.a1 - a.a0 for a in aggs if a.nc > 0} | {w.width for w in schedule.panels if w.width >= GEMM3_MIN}
+    projects = {project_kind(w) for w in widths if w >= GEMM3_MIN} if p.project == "tf32x3" else set()
     wide = any(a.a1 - a.a0 >= GEMM3_MIN for a in aggs)  # a G the kernels take
-    return tuple(kind for kind, used in (("project", p.project == "tf32x3" and trailing),
-                                         ("update", p.update == "tf32x3" and (trailing or bool(aggs))),
+    return tuple(kind for kind, used in (("project", "project" in projects), ("project64", "project64" in projects),
+                                         ("update", p.update == "tf32x3" and bool(widths or aggs)),
                                          ("gram", p.gram == "fp32" and wide))
                  if used)
+
+
+def project_kind(rows: int) -> str:
+    """The gemm3 kernel of a projection W = Z^T C with `rows` rows (the aggregate's or panel's width)."""
+    return "project64" if rows <= GEMM3["project64"]["bm"] else "project"
 
 
 def q_precision(width: int) -> str:
@@ -163,7 +174,7 @@ def without_idle_tf32x3(schedule: Schedule) -> Schedule:
     (such products run in fp32 through cuBLAS either way), written as what they are, so that the tuner measures such
     points once."""
     p, kinds = schedule.precision, gemm3_kinds(schedule)
-    project = "fp32" if p.project == "tf32x3" and "project" not in kinds else p.project
+    project = "fp32" if p.project == "tf32x3" and not {"project", "project64"} & set(kinds) else p.project
     update = "fp32" if p.update == "tf32x3" and "update" not in kinds else p.update
     if (project, update) == (p.project, p.update):
         return schedule
@@ -390,8 +401,9 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
     if schedule.scaled:
         kernels.append(scale_kernel())
     kinds = set(gemm3_kinds(schedule))
-    if keep and any(q_precision(b.width) == "tf32x3" for b in kept_blocks(launches, aggs)):
-        kinds |= {"project", "update"}  # Q's W = V^T P and P -= (V T) W
+    for block in kept_blocks(launches, aggs) if keep else ():
+        if q_precision(block.width) == "tf32x3":
+            kinds |= {project_kind(block.width), "update"}  # Q's W = V^T P and P -= (V T) W
     kernels += [gemm3_kernel(kind) for kind in GEMM3 if kind in kinds]
     return tuple(kernels), tuple(launches)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -176,16 +177,17 @@ class Graph:
         if status:
             raise RuntimeError(f"cuGraphInstantiateWithFlags failed with CUDA error {status}")
         self._exec = handle.value
-        self._runtime = cupy.cuda.runtime  # kept for __del__ at interpreter exit
+        self._launch, self._destroy = cupy.cuda.runtime.graphLaunch, cupy.cuda.runtime.graphExecDestroy
 
     def launch(self, stream=None) -> None:
         import cupy
 
-        self._runtime.graphLaunch(self._exec, (cupy.cuda.get_current_stream() if stream is None else stream).ptr)
+        self._launch(self._exec, (cupy.cuda.get_current_stream() if stream is None else stream).ptr)
 
     def __del__(self):
-        if getattr(self, "_exec", None):
-            self._runtime.graphExecDestroy(self._exec)
+        # at interpreter exit the process's graphs go with its CUDA context, and CuPy's modules may be gone already
+        if getattr(self, "_exec", None) and not sys.is_finalizing():
+            self._destroy(self._exec)
 
 
 def end_capture(stream):

@@ -978,6 +978,7 @@ class _CupyEngine:
             return False
         if min(rows, cols, depth) < codegen.GEMM3_MIN:  # a panel's thin products: cuBLAS splits them better
             return False
+        kind = codegen.project_kind(rows) if kind == "project" else kind
         cfg = codegen.GEMM3[kind]
         _, func = self.funcs[codegen.gemm3_name(kind)]
         grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb * parts)
@@ -1110,7 +1111,7 @@ def gemm3_matmul(a, b, c, alpha: float, beta: float) -> bool:
     batch, rows, depth = a.shape
     cols = b.shape[2]
     (sa, a1, a2), (sb, ldb, b2), (sc, ldc, c2) = ((v // 4 for v in x.strides) for x in (a, b, c))
-    kind, lda = ("project", a1) if a2 == 1 else ("update", a2) if a1 == 1 else (None, 0)
+    kind, lda = (codegen.project_kind(rows), a1) if a2 == 1 else ("update", a2) if a1 == 1 else (None, 0)
     if kind is None or b2 != 1 or c2 != 1 or b.shape[0] != batch or c.shape[0] != batch:
         return False
     if min(rows, cols, depth) < codegen.GEMM3_MIN or any(x.dtype != cupy.float32 or x.data.ptr % 16 for x in (a, b, c)):

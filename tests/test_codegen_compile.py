@@ -222,8 +222,14 @@ def test_tf32x3_products_plan_and_compile(tmp_path, monkeypatch):
     # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
     one = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
     assert [k.name for k in codegen.plan(one)[0] if k.variant == "gemm3"] == ["qr_gemm3_update", "qr_gemm3_gram"]
-    items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90") if "gemm3" in r.name]
+    # aggregates of 64: their projections on the 64-row tiles (codegen.project_kind), the 128-row kernel not built
+    by64 = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
+    assert [k.name for k in codegen.plan(by64)[0] if k.variant == "gemm3"] == [
+        "qr_gemm3_project64", "qr_gemm3_update", "qr_gemm3_gram"]
+    items = [(r.name, r.source) for s in (schedule, by64) for r in codegen.render_all(s, "sm_90") if "gemm3" in r.name]
+    items = list(dict(items).items())
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in items[0][1]
+    assert "#define BM 64" in dict(items)["qr_gemm3_project64"] and "#define BM 128" in dict(items)["qr_gemm3_project"]
     for binary in qcompile.compile_many(items, "sm_90"):
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
 

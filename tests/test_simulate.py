@@ -454,9 +454,10 @@ def test_q_products_of_wide_kept_blocks_in_tf32x3(monkeypatch):
     q, h, log = simulate.qr(a, wide)
     assert q_precisions(log) == {"tf32x3"}
     assert gemm3(wide, False) == ["gram"] and gemm3(wide, True) == ["project", "update", "gram"]
-    # the update's own gemm3 kernels (update, gram): the keep plan adds the projection's
+    # the update's own gemm3 kernels (update, gram): the keep plan adds the projection's, for blocks of 64 rows the
+    # 64-row tiles' (codegen.project_kind)
     update3 = _uniform(256, 256, 32, aggregate=64, precision=Precision("fp32", "fp32", "tf32x3"))
-    assert gemm3(update3, False) == ["update", "gram"] and gemm3(update3, True) == ["project", "update", "gram"]
+    assert gemm3(update3, False) == ["update", "gram"] and gemm3(update3, True) == ["project64", "update", "gram"]
     for narrow in (_uniform(176, 176, 32, variant="lanes"), _uniform(96, 160, 32, aggregate=32)):
         _, _, narrow_log = simulate.qr(stress("random", narrow.m, narrow.n, 1, seed=1), narrow)
         assert q_precisions(narrow_log) == {"fp32"} and gemm3(narrow, True) == []
