@@ -5,7 +5,7 @@ on a batch of every stress family first.
     python scripts/schedule_ab.py 60x1024x1024 640x512x512 --variant panel_update=cublas --variant aggregate=64
 
 A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead,
-panel_update and reach (0 or 1), a stage's precision (gram, project, update: fp32, tf32x3, tf32, bf16, fp16), or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
+panel_update and reach (0 or 1), a stage's precision (gram, project, update: fp32, tf32x3, tf32, bf16, fp16), or width=W (every wider panel split into panels of W columns, the same kernel variant), or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
 [,slots=S][,every=1] (qrgen.schedule.with_cluster: the cluster panels, with every=1 also the one-block lanes and rows
 panels, on clusters of B blocks, lanes panels of about S rows per warp where they fit); it applies to every case (a
 case whose schedule rejects it says why and goes on).
@@ -23,7 +23,12 @@ from qrgen.schedule import CLUSTER_LANE_SLOTS, one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
 FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": lambda v: bool(int(v)),
-          "gram": str, "project": str, "update": str, "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
+          "width": int, "gram": str, "project": str, "update": str, "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
+
+
+def split_panels(panels, width: int) -> tuple:
+    """Each panel wider than `width` as panels of `width` columns (the last one narrower), the same kernel variant."""
+    return tuple(dataclasses.replace(p, width=min(width, p.width - c)) for p in panels for c in range(0, p.width, width))
 
 
 def parse(text: str) -> dict:
@@ -52,7 +57,10 @@ def main():
                 tail, blocks = fields.pop("one_warp_tail", 0), fields.pop("cluster", 0)
                 slots, every = fields.pop("slots", CLUSTER_LANE_SLOTS), fields.pop("every", False)
                 stages = {k: fields.pop(k) for k in ("gram", "project", "update") if k in fields}
+                width = fields.pop("width", 0)
                 schedule = dataclasses.replace(base.schedule, **fields)
+                if width:
+                    schedule = dataclasses.replace(schedule, panels=split_panels(schedule.panels, width))
                 schedule = dataclasses.replace(schedule, precision=dataclasses.replace(schedule.precision, **stages))
                 schedule = one_warp_tail(schedule) if tail else schedule
                 schedule = with_cluster(schedule, blocks, slots=slots, every=every) if blocks else schedule
