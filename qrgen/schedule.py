@@ -569,7 +569,24 @@ ONE_PANEL_CLUSTER_FROM = 2048
 TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 by default (default_precision)
 
 
+# Many matrices of 384 to 512 rows: the tuned 640 x 512² file's recipe, 16-wide rows panels (warp panels below
+# 129 rows) with column loops, aggregates of 64 in tf32x3 with lookahead 2. Measured on the H200 against the former
+# default (BENCHMARKS.md, twenty-third session; graph replay, µs, same run): 256 x 512² 3,782 -> 2,788 (its lanes
+# panels without aggregates), 64 x 512² 1,488 -> 1,260, 300 x 384² 2,103 -> 1,867 (its 32-wide looped rows panels),
+# 100 x 448² 1,271 -> 1,205, 100 x 512x1024 3,294 -> 2,382; 80 x 400² 969 -> 989 (+2%).
+MANY_FROM = 64
+MANY_ROWS = (384, 512)  # min(m, n) from the first, m up to the second
+MANY_WIDTH = 16
+MANY_AGGREGATE = 64
+
+
+def default_many(problem: Problem) -> bool:
+    return problem.batch >= MANY_FROM and problem.k >= MANY_ROWS[0] and problem.m <= MANY_ROWS[1]
+
+
 def default_aggregate(problem: Problem) -> int:
+    if default_many(problem):
+        return MANY_AGGREGATE
     if problem.k < AGGREGATE_FROM:
         return 0
     if problem.batch >= 2 or default_panel(problem.m, problem.k).width < 16:
@@ -674,13 +691,13 @@ def default_choices(problem: Problem, clustered: bool = True) -> DefaultChoices:
     if default_tsqr(problem):
         aggregate = TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0
         return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
-    cluster = default_cluster(problem) if clustered else 0
+    cluster = default_cluster(problem) if clustered and not default_many(problem) else 0
     aggregate = 0 if cluster and problem.batch == 1 else default_aggregate(problem)
     update = default_panel_update(problem)
     precision = default_precision(problem, aggregate, update)
     lookahead = default_lookahead(problem, aggregate, precision)
-    return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem), lookahead,
-                          default_reach(problem, lookahead))
+    return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem) or default_many(problem),
+                          lookahead, default_reach(problem, lookahead))
 
 
 def default_loop(problem: Problem) -> bool:
@@ -724,7 +741,8 @@ def default_reach(problem: Problem, lookahead: int) -> bool:
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
     choices = default_choices(problem)
     cluster, aggregate = choices.cluster, choices.aggregate
-    lanes = problem.batch <= LANES_MAX_BATCH and not cluster
+    many = default_many(problem)
+    lanes = problem.batch <= LANES_MAX_BATCH and not cluster and not many
     panels: list[Panel] = []
     col = 0
     while col < problem.k:
@@ -733,7 +751,7 @@ def default_schedule(problem: Problem, target: Target | None = None) -> Schedule
         panel = tsqr_panel(rows, end - col) if default_tsqr(problem) else None
         panel = panel or (cluster_lanes_panel(rows, min(32, end - col), cluster) if cluster else None)
         panel = panel or (lanes_panel(rows, min(32, end - col), "auto") if lanes else None)
-        panel = panel or default_panel(rows, end - col)
+        panel = panel or default_panel(rows, end - col, (MANY_WIDTH,) if many else (32, 16, 8))
         panels.append(with_loop(panel, choices.loop))
         col += panel.width
     return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update,

@@ -30,10 +30,10 @@ from . import __version__
 from .codegen import without_idle_tf32x3
 from .compile import cache_dir
 from .problem import Problem, Target
-from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, MAX_CLUSTER, PANEL_UPDATES,
-                       PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
-                       TSQR_PANEL, Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_panel,
-                       default_reach, default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
+from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, MANY_WIDTH, MAX_CLUSTER,
+                       PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
+                       TSQR_PANEL, Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_many,
+                       default_panel, default_reach, default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -89,6 +89,8 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     elif c.cluster:  # lanes panels on clusters where they fit, rows panels on clusters elsewhere (cluster_lanes_panel)
         params.update(family="lanes", lanes_head=32, lane_slots=CLUSTER_LANE_SLOTS, lanes_cluster=c.cluster)
         del params["rows_head"], params["cluster"]
+    elif default_many(problem):
+        params.update(rows_head=MANY_WIDTH)
     elif problem.batch <= LANES_MAX_BATCH:
         params.update(family="lanes", lanes_head=32, lane_slots="auto", lanes_cluster=0)
         del params["rows_head"], params["cluster"]

@@ -5,13 +5,17 @@ on a batch of every stress family first.
     python scripts/schedule_ab.py 60x1024x1024 640x512x512 --variant panel_update=cublas --variant aggregate=64
 
 A variant is comma-separated FIELD=VALUE pairs of qrgen.schedule.Schedule's fields aggregate, lookahead,
-panel_update and reach (0 or 1), a stage's precision (gram, project, update: fp32, tf32x3, tf32, bf16, fp16), or width=W (every wider panel split into panels of W columns, the same kernel variant), or one_warp_tail=1 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp), or cluster=B
-[,slots=S][,every=1] (qrgen.schedule.with_cluster: the cluster panels, with every=1 also the one-block lanes and rows
-panels, on clusters of B blocks, lanes panels of about S rows per warp where they fit); it applies to every case (a
-case whose schedule rejects it says why and goes on).
+panel_update and reach (0 or 1); a stage's precision (gram, project, update: fp32, tf32x3, tf32, bf16, fp16);
+file=PATH (a schedule file's schedule for the same m x n in place of the case's, the other fields applied to it);
+width=W (every wider panel split into panels of W columns, the same kernel variant); one_warp_tail=1
+(qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp); or cluster=B[,slots=S][,every=1]
+(qrgen.schedule.with_cluster: the cluster panels, with every=1 also the one-block lanes and rows panels, on
+clusters of B blocks, lanes panels of about S rows per warp where they fit). It applies to every case (a case
+whose schedule rejects it says why and goes on).
 """
 import argparse
 import dataclasses
+from pathlib import Path
 
 import cupy
 import numpy as np
@@ -19,11 +23,11 @@ import numpy as np
 from qrgen import runtime
 from qrgen.bench import graph_time_us, median_time_us
 from qrgen.check import check
-from qrgen.schedule import CLUSTER_LANE_SLOTS, one_warp_tail, with_cluster
+from qrgen.schedule import CLUSTER_LANE_SLOTS, load, one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
 FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": lambda v: bool(int(v)),
-          "width": int, "gram": str, "project": str, "update": str, "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
+          "file": str, "width": int, "gram": str, "project": str, "update": str, "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
 
 
 def split_panels(panels, width: int) -> tuple:
@@ -58,7 +62,8 @@ def main():
                 slots, every = fields.pop("slots", CLUSTER_LANE_SLOTS), fields.pop("every", False)
                 stages = {k: fields.pop(k) for k in ("gram", "project", "update") if k in fields}
                 width = fields.pop("width", 0)
-                schedule = dataclasses.replace(base.schedule, **fields)
+                start = load(Path(fields.pop("file")))[0] if "file" in fields else base.schedule
+                schedule = dataclasses.replace(start, **fields)
                 if width:
                     schedule = dataclasses.replace(schedule, panels=split_panels(schedule.panels, width))
                 schedule = dataclasses.replace(schedule, precision=dataclasses.replace(schedule.precision, **stages))

@@ -117,10 +117,10 @@ def test_column_loop_panels():
     for kwargs in ({"variant": "lanes", "threads": 64}, {"loop": 1}):
         with pytest.raises(ValueError, match="Panel.loop"):
             Panel(32, **{"variant": "rows", "threads": 128, "loop": True, **kwargs})
-    looped = default_schedule(Problem(512, 512, LANES_MAX_BATCH + 1))
+    looped = default_schedule(Problem(320, 320, LANES_MAX_BATCH + 1))
     assert all(p.loop for p in looped.panels[:-1]) and {p.variant for p in looped.panels[:-1]} <= {"warp", "rows"}
     assert looped.panels[-1] == Panel(32, "lanes", 32)  # 32 rows: one warp, its own loop (Panel.loop not taken)
-    assert not any(p.loop for p in default_schedule(Problem(512, 512, LANES_MAX_BATCH)).panels)
+    assert not any(p.loop for p in default_schedule(Problem(320, 320, LANES_MAX_BATCH)).panels)
     assert Schedule.from_json(json.loads(json.dumps(looped.to_json()))) == looped
     assert "loop" not in default_schedule(Problem(512, 512, 8)).to_json()["panels"][0]
     assert "column loop" in looped.describe()
@@ -129,7 +129,7 @@ def test_column_loop_panels():
     assert all(k.loop and k.name.endswith("_loop") for k in kernels if k.variant in ("warp", "rows"))
     source = codegen.render(looped, kernels[0]).source
     assert "for (int j = 0; j < STEPS; ++j) column(j);" in source and ", false, true>(" in source  # not a cluster
-    unrolled = Schedule(512, 512, tuple(with_loop(p, False) for p in looped.panels))
+    unrolled = Schedule(320, 320, tuple(with_loop(p, False) for p in looped.panels))
     kernels, _ = codegen.plan(unrolled)
     assert not any(k.loop or "_loop" in k.name for k in kernels)
     assert ", false, false>(" in codegen.render(unrolled, kernels[0]).source
@@ -173,7 +173,8 @@ def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n,
     (1024, 1024, 60, ("tf32x3", 2)),   # aggregates: their products as three tf32 products, lookahead in pieces
     (1024, 1024, 4, ("tf32x3", 2)),
     (2048, 2048, 8, ("tf32", 32)),     # from TF32_FROM columns with split panel products: tf32, one piece
-    (512, 512, 640, ("fp32", 0)),      # no aggregates below AGGREGATE_FROM: every product fp32
+    (512, 512, 40, ("fp32", 0)),       # no aggregates below AGGREGATE_FROM: every product fp32 ...
+    (512, 512, 640, ("tf32x3", 2)),    # ... except for many matrices of 384 to 512 rows (default_many)
 ])
 def test_default_precision_of_the_aggregates(m, n, batch, expect):
     s = default_schedule(Problem(m, n, batch))
@@ -221,3 +222,26 @@ def test_with_cluster_moves_only_cluster_panels():
     assert with_cluster(t, 16) == t
     v = with_cluster(s, 16, every=True)  # the one-block panel too
     assert v.panels[:3] == t.panels[:3] and v.panels[3] == lanes_panel(4096 - 80, s.panels[3].width, 16, 16)
+
+
+def test_default_for_many_matrices_of_384_to_512_rows():
+    """default_many: from MANY_FROM matrices with min(m, n) >= 384 and m <= 512, the tuned 640 x 512² file's recipe
+    (16-wide looped rows and warp panels, aggregates of 64 in tf32x3, lookahead 2, fused panel products, no
+    clusters); the default at 640 x 512² is that file but for its last two panels (16 and 32 rows: lanes on one
+    warp here, warp panels there). Outside the bounds the former default."""
+    from qrgen.schedule import MANY_FROM, SCHEDULE_DIR, default_many
+
+    tuned, _ = load(SCHEDULE_DIR / "sm_90" / "512x512_b640.json")
+    many = default_schedule(Problem(512, 512, 640))
+    assert default_many(Problem(512, 512, 640)) and many.panels[:-2] == tuned.panels[:-2]
+    assert many.panels[-2:] == (Panel(16, "lanes", 32), Panel(16, "lanes", 32))
+    assert (many.precision, many.aggregate, many.lookahead, many.panel_update, many.reach) == (
+        tuned.precision, tuned.aggregate, tuned.lookahead, tuned.panel_update, tuned.reach)
+    for problem in (Problem(384, 384, MANY_FROM), Problem(400, 1000, 100), Problem(512, 384, 300)):
+        s = default_schedule(problem)
+        assert default_many(problem) and s.aggregate == 64 and s.precision.update == "tf32x3", problem
+        assert {p.width for p in s.panels} == {16} and all(p.loop for p in s.panels if p.variant != "lanes")
+    for problem in (Problem(512, 512, MANY_FROM - 1), Problem(513, 513, 640), Problem(512, 383, 640),
+                    Problem(383, 512, 640)):
+        assert not default_many(problem), problem
+        assert default_schedule(problem).aggregate == 0 and 32 in {p.width for p in default_schedule(problem).panels}

@@ -270,13 +270,17 @@ def test_column_loop_is_an_early_trial():
 
 
 def test_neighbouring_aggregate_sizes_are_early_trials():
-    """The default with aggregates of half and twice its size, or of 64 and 128 where it has none (640 x 512²'s
-    better schedule, found by hand in the eleventh session), each with lookahead 2."""
+    """The default with aggregates of half and twice its size (half only where that is at least 64), or of 64 and
+    128 where it has none (640 x 512²'s better schedule, found by hand in the eleventh session), each with
+    lookahead 2."""
     aggregates = {problem: [(v["aggregate"], v["lookahead"]) for v in _variations(problem)
                             if v["aggregate"] != default_params(problem)["aggregate"]]
-                  for problem in (Problem(512, 512, 640), Problem(1024, 1024, 60), Problem(176, 176, 40))}
-    assert default_params(Problem(512, 512, 640))["aggregate"] == 0
-    assert aggregates[Problem(512, 512, 640)] == [(64, 2), (128, 2)]
+                  for problem in (Problem(512, 512, 40), Problem(512, 512, 640), Problem(1024, 1024, 60),
+                                  Problem(176, 176, 40))}
+    assert default_params(Problem(512, 512, 40))["aggregate"] == 0
+    assert aggregates[Problem(512, 512, 40)] == [(64, 2), (128, 2)]
+    assert default_params(Problem(512, 512, 640))["aggregate"] == 64  # schedule.default_many
+    assert aggregates[Problem(512, 512, 640)] == [(128, 2)]
     assert default_params(Problem(1024, 1024, 60))["aggregate"] == 128
     assert aggregates[Problem(1024, 1024, 60)] == [(64, 2), (256, 2)]
     assert aggregates[Problem(176, 176, 40)] == []  # too few columns for aggregates
