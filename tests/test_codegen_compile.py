@@ -298,6 +298,19 @@ def test_default_cluster_panels_compile_without_spills(tmp_path, monkeypatch):
         assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
 
 
+@needs_nvrtc
+def test_default_for_many_matrices_compiles_without_spills(tmp_path, monkeypatch):
+    """The default for 64 or more matrices of 384 to 512 rows (schedule.default_many) at a shape whose rows and
+    columns are no multiple of 16, and wide: every kernel compiles for sm_90 without spills."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+    schedule = default_schedule(Problem(500, 450, 64))
+    assert schedule.aggregate == 64 and {p.width for p in schedule.panels[:-1]} == {16}
+    items = [(r.name, r.source) for r in codegen.render_all(schedule, "sm_90")]
+    assert any(name == "qr_gemm3_project64" for name, _ in items)
+    for binary in qcompile.compile_many(items, "sm_90"):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
 @pytest.mark.parametrize("m,n,batch,fused", [(32, 32, 20, True), (100, 20, 3, True), (40, 1, 2, True),
                                              (32, 32, 20000, True), (64, 64, 3, False), (10, 100, 3, False),
                                              (4096, 32, 1, False)])
