@@ -184,19 +184,20 @@ def gemm_flops(fac, batch: int) -> float:
     return total * batch
 
 
-def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> str:
+def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=None) -> str:
     """Where one factorization's GPU time goes, by difference: the call replayed as a CUDA graph in full, with the
-    aggregates' merge (G, T, (VT)^T; and each of its three stages alone) left out, and with only the panel
-    kernels, so host gaps are not counted
+    aggregates' merge (G, T, (VT)^T; and each of its three stages alone) left out, with the panels' own products
+    left out, and with only the panel kernels, so host gaps are not counted
     (events around each launch of an eager call would count them). Leaving stages out makes the result wrong but
-    not the remaining work: no kernel's work depends on the values. Also the eager call, for the host's share."""
+    not the remaining work: no kernel's work depends on the values. Also the eager call, for the host's share.
+    fac: a runtime.Factorizer for m x n to profile (default: the shape's schedule for the batch)."""
     import cupy
 
     from .runtime import device_arch, factorizer_for
 
     rng = np.random.default_rng(seed)
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
-    fac = factorizer_for(m, n, batch, device_arch(inputs[0].device.id))
+    fac = fac or factorizer_for(m, n, batch, device_arch(inputs[0].device.id))
 
     def timed(skip):
         return graph_time_us(lambda x: fac.run(x, cupy.cuda.get_current_stream(), skip), inputs, reps)
@@ -212,7 +213,8 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10) -> s
              f"  eager call {eager:,.1f} µs; graph replay {full:,.1f} µs (host's share of the eager call "
              f"{max(0.0, eager - full):,.1f} µs)",
              f"  panel kernels {panels:,.1f} µs ({panels / k:.2f} µs per column)",
-             f"  trailing-update GEMMs {gemm:,.1f} µs ({gemm_flops(fac, batch) / max(gemm, 1e-9) / 1e6:.1f} TFLOP/s)"]
+             f"  trailing-update GEMMs {gemm:,.1f} µs ({gemm_flops(fac, batch) / max(gemm, 1e-9) / 1e6:.1f} TFLOP/s), "
+             f"of which the panels' own products (left out alone) {max(0.0, full - timed(('own',))):,.1f} µs"]
     if fac.schedule.lookahead:
         lines.append("  (lookahead: each figure is what leaving the stage out saves; GEMM time hidden behind the "
                      "panels is in none of them)")

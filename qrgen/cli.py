@@ -110,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--mixed", action="store_true",
                    help="also time a batch of every stress family at random positions (should cost what a dense one does)")
     s.add_argument("--profile", action="store_true",
-                   help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs, the "
+                   help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs and of "
+                        "them the panels' own products, the "
                         "power-of-two scaling where the schedule has it, the aggregates' merge and each of its "
                         "stages), by difference between CUDA-graph replays that leave stages out")
     return p

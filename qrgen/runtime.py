@@ -444,8 +444,12 @@ def drive(fac: "Factorizer", engine) -> None:
     def kept_base(index):  # a keep plan: where the kept block of panel `index` begins in "vt" (and "zt" or "zg")
         return engine.nb * fac.kept[owner[index] if aggs else index].offset
 
-    def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False):
-        """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first)."""
+    def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False,
+                 own=False):
+        """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first); own: a
+        panel's own products, which SkipStages leaves out for the pseudo-stage "own" (profiling)."""
+        if own and "own" in getattr(engine, "skip", ()):
+            return
         if how == "fused":
             engine.fused(z, zld, zs, v, vld, vs, width, rows, ("h", col), nc)
             return
@@ -478,7 +482,7 @@ def drive(fac: "Factorizer", engine) -> None:
                 marked = False
             products(z, L.rows, L.width * L.rows, v, L.v_ld, L.v_bs, L.width, L.rows,
                      L.c0 * n + L.c0 + L.width, L.nc, "w", prec.project if cublas_panels else "fp32",
-                     prec.update if cublas_panels else "fp32", how=via)
+                     prec.update if cublas_panels else "fp32", how=via, own=True)
         i = by_last.get(index)
         if i is None:
             continue
@@ -566,12 +570,14 @@ def drive_q(fac: "Factorizer", engine, qcols: int) -> None:
                     engine.sizes.wq, 1.0, q, qcols, m * qcols, precision)
 
 
-STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale")
+STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale", "own")
 
 
 class SkipStages:
     """An engine that passes every operation to `engine` except those of the stages named in `skip`: for timing
-    a factorization by difference (the result is then wrong; the work of the other stages is the same)."""
+    a factorization by difference (the result is then wrong; the work of the other stages is the same). "own" names
+    the panels' own products (drive's products for a panel, in whatever kernels), "project" and "update" every
+    product of that kind."""
 
     def __init__(self, engine, skip):
         unknown = set(skip) - set(STAGES)

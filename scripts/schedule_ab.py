@@ -21,7 +21,7 @@ import cupy
 import numpy as np
 
 from qrgen import runtime
-from qrgen.bench import graph_time_us, median_time_us
+from qrgen.bench import graph_time_us, median_time_us, profile_case
 from qrgen.check import check
 from qrgen.schedule import CLUSTER_LANE_SLOTS, load, one_warp_tail, with_cluster
 from qrgen.testing import mixed
@@ -49,6 +49,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="BATCHxMxN, such as 60x1024x1024")
     ap.add_argument("--variant", action="append", default=[], help="FIELD=VALUE[,FIELD=VALUE...] (repeatable)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also each schedule's GPU time by stage (qrgen.bench.profile_case), after the rounds")
     args = ap.parse_args()
     variants = [(text, parse(text)) for text in args.variant]
     for case in args.cases:
@@ -86,6 +88,8 @@ def main():
                 graph = graph_time_us(fac, inputs, 10)
                 eager = median_time_us(fac, inputs, 10, warmup=2)
                 print(f"{case} round {rnd} {name:>28}: graph {graph:10.1f} eager {eager:10.1f} µs", flush=True)
+        for name, fac in facs.items() if args.profile else ():
+            print(f"{case} {name}:\n{profile_case(batch, m, n, fac=fac)}", flush=True)
 
 
 if __name__ == "__main__":

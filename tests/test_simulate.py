@@ -140,6 +140,13 @@ def test_skipping_stages_leaves_the_others():
     engine = simulate.NumpyEngine(fac, a.copy(), np.zeros((2, 200), dtype=np.float32))
     drive(fac, SkipStages(engine, ("gram", "tmat", "aggregate")))
     assert [e for e in full if e[:2] not in (("gemm", "gram"), ("gemm", "aggregate")) and e[0] != "tmat"] == engine.log
+    # "own": the panels' own products (the pair after each panel with columns left in its aggregate) and nothing else
+    engine = simulate.NumpyEngine(fac, a.copy(), np.zeros((2, 200), dtype=np.float32))
+    drive(fac, SkipStages(engine, ("own",)))
+    owned = {i + k for i, e in enumerate(full[:-1]) if e[0] == "panel" and full[i + 1][:2] == ("gemm", "project")
+             for k in (1, 2)}
+    assert len(owned) == 2 * sum(L.nc > 0 for L in fac.launches) > 0
+    assert engine.log == [e for i, e in enumerate(full) if i not in owned]
     with pytest.raises(ValueError, match="unknown stages"):
         SkipStages(engine, ("panels",))
 
