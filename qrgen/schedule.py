@@ -581,6 +581,7 @@ MANY_AGGREGATE = 64
 
 
 def default_many(problem: Problem) -> bool:
+    """Whether the problem takes the default for many matrices of 384 to 512 rows (MANY_FROM, MANY_ROWS)."""
     return problem.batch >= MANY_FROM and problem.k >= MANY_ROWS[0] and problem.m <= MANY_ROWS[1]
 
 

@@ -31,9 +31,9 @@ from .codegen import without_idle_tf32x3
 from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, MANY_WIDTH, MAX_CLUSTER,
-                       PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR,
-                       TSQR_PANEL, Panel, Precision, Schedule, STAGES, cluster_panel, default_choices, default_many,
-                       default_panel, default_reach, default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
+                       PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR, TSQR_PANEL, Panel, Precision,
+                       Schedule, STAGES, cluster_panel, default_choices, default_many, default_panel, default_reach,
+                       default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)

@@ -27,12 +27,14 @@ from qrgen.schedule import CLUSTER_LANE_SLOTS, load, one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
 FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": lambda v: bool(int(v)),
-          "file": str, "width": int, "gram": str, "project": str, "update": str, "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
+          "gram": str, "project": str, "update": str, "file": str, "width": int,
+          "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
 
 
 def split_panels(panels, width: int) -> tuple:
     """Each panel wider than `width` as panels of `width` columns (the last one narrower), the same kernel variant."""
-    return tuple(dataclasses.replace(p, width=min(width, p.width - c)) for p in panels for c in range(0, p.width, width))
+    return tuple(dataclasses.replace(p, width=min(width, p.width - c))
+                 for p in panels for c in range(0, p.width, width))
 
 
 def parse(text: str) -> dict:
