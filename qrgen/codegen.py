@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from .schedule import Schedule
+from .schedule import REGS_PER_SM, Schedule, rows_shared_bytes, whole_shared_bytes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -62,6 +62,7 @@ class Launch:
     cluster: bool = False  # blocks > 1 as one cluster: no flags, no cooperative launch
     levels: tuple[tuple[int, int], ...] = ()  # a tsqr panel's tree (tsqr_levels): one launch per phase
     tile: int = 0  # a tsqr panel's rows per tile
+    inner: int = 0  # a "whole" kernel's columns per panel: the launch factors and updates everything itself
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ FUSED_ROWS = 32  # rows per projection chunk (at least: 4 per thread group)
 FUSED_CLUSTERS = (1, 2, 4, 8)  # blocks per cluster that split the rows (fused_cluster picks one per launch)
 FUSED_MIN_ROWS = 128  # rows per block at least, where a fused launch splits the rows over a cluster
 FUSED_SHARED_FLOATS = 10240  # for the chunks in flight (40 KiB; W's own beside them)
+SM_SHARED_BYTES = 233472  # shared memory of an sm_90 SM (228 KiB), 1 KiB of it reserved per resident block
 TMAT_KERNEL = "qr_tmat"
 SCALE_KERNEL = "qr_scale"
 SCALE_THREADS = 256
@@ -303,6 +305,18 @@ def tsqr_phases(levels: tuple[tuple[int, int], ...], width: int) -> tuple[TsqrPh
             + (phase(3, 0, out=lay.stack[top], y=lay.stack[0] if top else -1),))
 
 
+def sub_panels(launch: Launch, n: int) -> tuple[tuple[int, int, int], ...]:
+    """(first column, width, columns right of it that its own products update) of each panel a launch factors: a
+    "whole" kernel's inner panels (each updating every column right of it, to n), else the launch's own panel."""
+    if not launch.inner:
+        return ((launch.c0, launch.width, launch.nc),)
+    out = []
+    for c in range(0, launch.width, launch.inner):
+        w = min(launch.inner, launch.width - c)
+        out.append((c, w, n - c - w))
+    return tuple(out)
+
+
 def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:
     """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel.
     With Schedule.reach an aggregate's merged form updates from where the next aggregate ends (a keep plan merges
@@ -359,8 +373,18 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
             width = agg.a1 - agg.a0
             # to where its aggregate's merged form begins: the aggregate's end, or with Schedule.reach the next one's
             nc, v_row, v_ld, v_bs = agg.c1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
+        whole = panel.variant == "whole"
+        if whole and keep:
+            raise ValueError("a 'whole' schedule keeps no reflectors for Q (its panels never leave shared memory): "
+                             "no keep plan")
+        if whole:
+            nc = 0  # its kernel updates every column itself
         trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
-        if panel.variant == "lanes":
+        if whole:
+            slots = math.ceil(rows / panel.threads)
+            vec = _vec(schedule.n)
+            shared = whole_shared_bytes(schedule.m, schedule.n, panel.threads, panel.slice)
+        elif panel.variant == "lanes":
             slots = math.ceil(rows / (panel.blocks * panel.threads // 32))
             vec = 1
             shared = 0
@@ -381,11 +405,11 @@ def plan(schedule: Schedule, keep: bool = False) -> tuple[tuple[KernelSpec, ...]
                panel.cluster, panel.loop)
         keys.setdefault(key, []).append(c0)
         # flag arrivals per block (multi-block panels without a cluster): one per column, one more for G
-        barriers = 0 if panel.cluster else panel.width + (1 if panel.width >= 2 and trail else 0)
+        barriers = 0 if panel.cluster or whole else panel.width + (1 if panel.width >= 2 and trail else 0)
         launches.append(Launch(kernel=_name(key), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
                                blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=shared, nc=nc,
                                v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster, levels=levels,
-                               tile=panel.tile))
+                               tile=panel.tile, inner=panel.slice if whole else 0))
     kernels = [KernelSpec(_name(key), *key[:-2], columns=tuple(cols), cluster=key[-2], loop=key[-1])
                for key, cols in keys.items()]
     fused = None if keep else fused_q_kernel(kernels, launches)
@@ -434,6 +458,8 @@ def _name(key: tuple) -> str:
         return f"qr_tsqr_w{width}_t{threads}_s{slots}_v{vec}{suffix}"
     if variant == "cols":
         return f"qr_cols_w{width}_c{slice_}_s{slots}_v{vec}{suffix}"
+    if variant == "whole":
+        return f"qr_whole_p{slice_}_t{threads}_s{slots}_v{vec}{suffix}"
     if variant == "lanes":
         return f"qr_lanes_w{width}_t{threads}{f'_c{blocks}' if cluster else ''}_s{slots}{suffix}"
     return f"qr_{variant}_w{width}_t{threads}_{'c' if cluster else 'b'}{blocks}_s{slots}_v{vec}{suffix}"
@@ -462,8 +488,23 @@ def render(schedule: Schedule, kernel: KernelSpec, arch: str = "sm_90", backend:
         arch=arch,
         gram_code=PRECISION_CODE[schedule.precision.gram],
         k=kernel,
+        min_blocks=whole_min_blocks(kernel) if kernel.variant == "whole" else 1,
     )
     return Rendered(name=kernel.name, source=source)
+
+
+WHOLE_MIN_REGISTERS = 96  # a "whole" kernel's register cap is at least this, whatever the blocks an SM could hold
+
+
+def whole_blocks_by_shared(kernel: KernelSpec) -> int:
+    """The blocks of a "whole" kernel an SM's shared memory holds (its dynamic and static shared memory each)."""
+    return SM_SHARED_BYTES // (kernel.shared_bytes + rows_shared_bytes(kernel.threads // 32, kernel.slice) + 1024)
+
+
+def whole_min_blocks(kernel: KernelSpec) -> int:
+    """The resident blocks per SM a "whole" kernel is compiled for (__launch_bounds__): as many as its shared memory
+    allows, down to a register cap of WHOLE_MIN_REGISTERS."""
+    return max(1, min(whole_blocks_by_shared(kernel), REGS_PER_SM // (kernel.threads * WHOLE_MIN_REGISTERS)))
 
 
 def tmat_kernel() -> KernelSpec:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .codegen import aggregates, fused_cluster, fused_layout, plan
+from .codegen import aggregates, fused_cluster, fused_layout, plan, whole_min_blocks
 from .problem import Problem
 from .schedule import Schedule
 
@@ -43,6 +43,12 @@ TSQR_US_PER_COLUMN = 0.95
 TSQR_EXPAND_US = 4.0
 TSQR_FINAL_US = 17.0
 TSQR_FINAL_US_PER_ENTRY = 8.75e-6  # per row and column of the panel
+
+
+# A "whole" kernel: about 1.5 µs a column for each wave of resident blocks, fitted on the H200 (BENCHMARKS.md,
+# twenty-fourth session; graph replay): 4000 x 48² 144 µs (1.9 waves of 16 blocks an SM), 2000 x 64² 182 (1.9 of
+# 8), 40 x 176² 271 (one block each), 100 x 64² 85.
+WHOLE_US_PER_COLUMN = 1.5
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,8 @@ def _tsqr_us(L, batch: int, registers: int) -> float:
 
 
 def estimate(schedule: Schedule, problem: Problem) -> Estimate:
-    _, launches = plan(schedule)
+    kernels, launches = plan(schedule)
+    kernels = {k.name: k for k in kernels}
     batch = problem.batch
     prec = schedule.precision
     panel_us = gemm_us = 0.0
@@ -121,7 +128,11 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
     for index, L in enumerate(launches):
         res = schedule.resources(index)
         panel = schedule.panels[index]
-        if L.levels:
+        if L.inner:
+            per_sm = min(whole_min_blocks(kernels[L.kernel]), 2048 // L.threads, 32)
+            panel_us += L.width * WHOLE_US_PER_COLUMN * max(1.0, batch / (SMS * per_sm))
+            n_launches += 1
+        elif L.levels:
             panel_us += _tsqr_us(L, batch, res.registers)
             n_launches += 2 * len(L.levels)
         else:

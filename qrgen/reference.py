@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codegen import aggregates, plan
+from .codegen import aggregates, plan, sub_panels
 from .schedule import Schedule, default_schedule
 from .problem import Problem
 
@@ -239,6 +239,9 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
     _, launches = plan(schedule)
     after = {a.last: a for a in aggregates(schedule) if a.nc > 0}
     for index, L in enumerate(launches):
+        if L.inner:
+            factor_whole(h, tau, L, n)
+            continue
         c0, w = L.c0, L.width
         p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
         t, v = tsqr_panel(p, L.tile) if L.levels else _panel(p)
@@ -257,6 +260,21 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
     if exps is not None:
         scale(h, exps, inverse=True)
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)
+
+
+def factor_whole(h: np.ndarray, tau: np.ndarray, launch, n: int) -> None:
+    """A "whole" launch (codegen.sub_panels) on h (batch, m, n) in place, in h's dtype: each inner panel factored,
+    then every column right of it updated as the kernel does, C -= V (T^T (V^T C)) (fp32 inputs throughout)."""
+    for c0, w, nc in sub_panels(launch, n):
+        p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
+        t, v = _panel(p)
+        h[:, c0:, c0:c0 + w] = p
+        tau[:, c0:c0 + w] = t
+        if nc:
+            vt = np.ascontiguousarray(v.transpose(0, 2, 1))
+            tm = _tmatrix(matmul(vt, v), t)
+            c = h[:, c0:, c0 + w:]
+            h[:, c0:, c0 + w:] = c - matmul(v, matmul(np.ascontiguousarray(tm.transpose(0, 2, 1)), matmul(vt, c)))
 
 
 # The rest of the factorization in NumPy (qrgen.qmatrix's algorithm, which the GPU runs on CuPy arrays).

@@ -1087,18 +1087,20 @@ def max_active_clusters(func_ptr: int, blocks: int, threads: int, shared_bytes: 
 
 def load_function(binary: Binary, shared_bytes: int, kernel: "codegen.KernelSpec | None" = None) -> tuple:
     """(module, function) of a compiled kernel on the current device, allowed its dynamic shared memory (past
-    48 KiB a kernel must ask for it) and, for a cluster of more than PORTABLE_CLUSTER blocks, the non-portable
-    cluster size; a GPU that cannot hold one such cluster is an error that says so."""
+    48 KiB with its static shared memory a kernel must ask for it) and, for a cluster of more than PORTABLE_CLUSTER
+    blocks, the non-portable cluster size; a GPU that cannot hold one such cluster is an error that says so."""
     import cupy
 
     module = cupy.cuda.function.Module()
     module.load(binary.cubin)
     func = module.get_function(binary.name)
-    if shared_bytes > 48 * 1024:
-        cupy.cuda.driver.funcSetAttribute(func.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                          shared_bytes)
+    driver = cupy.cuda.driver
+    # past 48 KiB of static and dynamic shared memory together (a "whole" kernel's panel state beside its matrix)
+    static = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func.ptr) if shared_bytes else 0
+    if shared_bytes and shared_bytes + static > 48 * 1024:
+        driver.funcSetAttribute(func.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
     if kernel is not None and kernel.cluster and kernel.blocks > PORTABLE_CLUSTER:
-        cupy.cuda.driver.funcSetAttribute(func.ptr, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        driver.funcSetAttribute(func.ptr, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
         if max_active_clusters(func.ptr, kernel.blocks, kernel.threads, shared_bytes) < 1:
             raise RuntimeError(
                 f"kernel {binary.name} runs on clusters of {kernel.blocks} blocks, more than this GPU can hold at "

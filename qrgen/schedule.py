@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .problem import Problem, Target
 
-VARIANTS = ("warp", "rows", "cols", "lanes", "tsqr")
-LOOP_VARIANTS = ("warp", "rows", "tsqr")  # Panel.loop
+VARIANTS = ("warp", "rows", "cols", "lanes", "tsqr", "whole")
+LOOP_VARIANTS = ("warp", "rows", "tsqr", "whole")  # Panel.loop
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # The trailing update's two products may also take "tf32x3": fp32-class accuracy from three tf32 tensor-core products
 # over each input's tf32 high part and remainder (templates/cuda/gemm3.cu.j2), where the GEMM's operands are
@@ -24,6 +24,7 @@ PRODUCT_PRECISIONS = PRECISIONS + ("tf32x3",)
 STAGES = ("gram", "project", "update")
 THREADS = (32, 64, 128, 256, 512, 1024)
 SLICES = (2, 4, 8)
+WHOLE_SLICES = (4, 8, 16, 32)  # columns per panel inside a "whole" kernel
 # Blocks per thread-block cluster: 8 is the portable most (sm_90); 16 is the H100/H200's non-portable most, which
 # qrgen asks the driver for where a kernel needs it (runtime.load_function). A GPU that cannot hold such a cluster
 # (too few SMs in one GPC) gets a clear error at the first call. What 16 gains: default_cluster.
@@ -38,7 +39,7 @@ REGS_PER_SM = 65536
 MAX_SMEM = 232448  # 227 KiB of dynamic shared memory
 # Registers beside the register tile (addresses, loop state, scalars), per variant; from ptxas reports on sm_90
 # (rows: 108 used where the tile is 32; cols: 80 where the model gives 70 without overhead) and checked in tests.
-REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32, "lanes": 24, "tsqr": 60}
+REG_OVERHEAD = {"warp": 40, "rows": 40, "cols": 32, "lanes": 24, "tsqr": 60, "whole": 48}
 TSQR_SLOTS = 8  # the most rows per thread of a tsqr panel's tiles
 
 MAX_AGGREGATE = 256  # the widest T the T kernel builds (codegen.TMAT_MAX)
@@ -64,7 +65,12 @@ class Panel:
     variant "tsqr": for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
                     `threads`, at least twice the width), each on one block as "rows" factors a panel, then Q's
                     columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh.j2).
-    loop (warp, rows, tsqr): the loop over columns is not unrolled either (registers rotate by one column per step:
+    variant "whole": the whole factorization in one kernel, one block of `threads` per matrix holding the matrix in
+                    shared memory (width = min(m, n), the schedule's only panel): panels of `slice` columns
+                    (WHOLE_SLICES) factor as "rows" panels on the block, each followed by its fp32 update of
+                    the columns right of it from shared memory (templates/cuda/whole.cuh.j2). For matrices whose
+                    m x (n + 1) floats fit in shared memory beside the panels' state (whole_shared_bytes).
+    loop (warp, rows, tsqr, whole): the loop over columns is not unrolled either (registers rotate by one column per step:
                     small code at about 1.6x the arithmetic; pays where several blocks share an SM's instruction
                     cache, measured on the H200 at 640 x 512²).
     """
@@ -90,6 +96,14 @@ class Panel:
             if self.blocks != 1 and not self.cluster:
                 raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 to {MAX_CLUSTER} blocks with "
                                  f"cluster=True; got blocks={self.blocks!r} with cluster={self.cluster!r}")
+        elif self.variant == "whole":
+            if self.threads not in THREADS:
+                raise ValueError(f"Panel.threads must be one of {THREADS} for variant 'whole', got {self.threads!r}")
+            if self.slice not in WHOLE_SLICES:
+                raise ValueError(f"Panel.slice (columns per panel inside the kernel) must be one of {WHOLE_SLICES} "
+                                 f"for variant 'whole', got {self.slice!r}")
+            if self.blocks != 1 or self.cluster:
+                raise ValueError("Panel variant 'whole' takes blocks=1 and no cluster")
         elif self.variant != "cols" and self.threads not in THREADS:
             raise ValueError(f"Panel.threads must be one of {THREADS}, got {self.threads!r}")
         if not isinstance(self.blocks, int) or self.blocks < 1:
@@ -120,8 +134,9 @@ class Panel:
                 raise ValueError(
                     f"Panel.threads must be 32 * ceil(width / slice) = {32 * math.ceil(self.width / self.slice)} "
                     f"(at most 1024) for variant 'cols', got {self.threads}")
-        elif self.slice != 0:
-            raise ValueError(f"Panel.slice applies to variant 'cols' only; got slice={self.slice} for {self.variant!r}")
+        elif self.slice != 0 and self.variant != "whole":
+            raise ValueError(f"Panel.slice applies to variants 'cols' and 'whole' only; got slice={self.slice} "
+                             f"for {self.variant!r}")
         if not isinstance(self.cluster, bool):
             raise ValueError(f"Panel.cluster must be a bool, got {self.cluster!r}")
         if self.cluster and (self.variant not in ("rows", "lanes") or not 2 <= self.blocks <= MAX_CLUSTER):
@@ -214,6 +229,13 @@ class Schedule:
         if self.reach and not self.lookahead:
             raise ValueError("Schedule.reach needs lookahead (Schedule.lookahead > 0): it moves an aggregate's merge "
                              "and products to the side lane")
+        if any(p.variant == "whole" for p in self.panels):
+            if len(self.panels) != 1:
+                raise ValueError("a Panel of variant 'whole' factors the whole matrix: it must be the schedule's "
+                                 f"only panel (width min(m, n) = {k}); got {len(self.panels)} panels")
+            if self.precision != Precision() or self.aggregate or self.panel_update != "cublas":
+                raise ValueError("a schedule of variant 'whole' updates in fp32 inside its kernel: it takes fp32 "
+                                 "precisions, no aggregates and panel_update 'cublas' (the defaults)")
         if self.aggregate:
             starts = set(self.starts())
             cut = next((c for c in range(self.aggregate, k, self.aggregate) if c not in starts), None)
@@ -252,13 +274,14 @@ class Schedule:
         elif panel.variant == "lanes":
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width
                         + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
+        elif panel.variant == "whole":
+            smem = whole_shared_bytes(self.m, self.n, panel.threads, panel.slice) + rows_shared_bytes(warps, panel.slice)
         elif panel.variant == "tsqr":  # tsqr.cuh.j2's Shared: the rows panel's, five NB x PITCH blocks, 2 NB
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96
                         + 5 * panel.width * ((panel.width + 3) // 4 * 4 + 4) + 2 * panel.width)
         else:
             cluster_words = 64 * (panel.blocks + 1) + 4 if panel.cluster else 0  # receive buffers, mbarriers
-            # panel_rows.cuh.j2's Shared: red, tot and piv by parity, G and T (rows padded), tau, the cluster's xs
-            smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96 + cluster_words)
+            smem = rows_shared_bytes(warps, panel.width) + 4 * cluster_words
         return PanelResources(rows, slots, regs, cap, smem)
 
     @property
@@ -309,7 +332,7 @@ class Schedule:
                 groups.append([key, 1])
         parts = []
         for (w, v, t, b, s, c, loop, tile), count in groups:
-            extra = f" slice {s}" if v == "cols" else (f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else "")
+            extra = f" slice {s}" if v == "cols" else f", panels of {s} columns" if v == "whole" else (f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else "")
             extra += f", tiles of {tile} rows" if v == "tsqr" else ""
             extra += ", column loop" if loop else ""
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
@@ -322,9 +345,22 @@ class Schedule:
                        }.get(self.panel_update, "")
 
 
+def rows_shared_bytes(warps: int, width: int) -> int:
+    """panel_rows.cuh.j2's Shared, in bytes: red, tot and piv by parity, G and T (rows padded), tau, a cluster's
+    receive buffers and mbarriers aside."""
+    return 4 * (warps * 32 + 2 * width * width + 5 * width + 96)
+
+
+def whole_shared_bytes(m: int, n: int, threads: int, slice_: int) -> int:
+    """A "whole" kernel's dynamic shared memory (templates/cuda/whole.cuh.j2's layout): the matrix (rows n | 1
+    floats apart, rounded to 16 bytes), V (m rows of slice + 4), W's partial sums (threads x slice) and W'
+    (slice x n)."""
+    return 4 * ((m * (n | 1) + 3) // 4 * 4 + m * (slice_ + 4) + threads * slice_ + slice_ * n)
+
+
 def _panel_json(p: Panel) -> dict:
     data = asdict(p)
-    if p.variant != "cols":
+    if p.variant not in ("cols", "whole"):
         data.pop("slice")
     if not p.cluster:
         data.pop("cluster")
@@ -477,6 +513,9 @@ def _registers(panel: Panel, rows: int) -> tuple[int, int, int]:
     if panel.variant == "tsqr":  # the tile in registers, and a row of V and of Q beside it (products, final)
         slots = panel.tile // panel.threads
         return slots, slots * panel.width + 3 * panel.width + REG_OVERHEAD["tsqr"], cap
+    if panel.variant == "whole":  # a panel's rows in registers; in the updates a column of W (acc) and a row of V
+        slots = math.ceil(rows / panel.threads)
+        return slots, max(slots * panel.slice + panel.slice, 3 * panel.slice) + REG_OVERHEAD["whole"], cap
     if panel.variant == "lanes":
         slots = math.ceil(rows / (panel.blocks * panel.threads // 32))
         # the column's entries, the broadcast column j (the product (V T)^T: a third array)
@@ -739,7 +778,29 @@ def default_reach(problem: Problem, lookahead: int) -> bool:
     return bool(lookahead) and problem.batch <= REACH_MAX_BATCH
 
 
+# Many small matrices: the whole factorization in one kernel per matrix (Panel variant "whole"), the matrix in shared
+# memory. Measured on the H200 against the default it replaces (BENCHMARKS.md, twenty-fourth session; graph replay,
+# µs, same run): 4000 x 48² 315 -> 144 (32 threads, panels of 4), 2000 x 64x32 73 -> 47 (32, 4), 2000 x 64² 200 ->
+# 182 (64 threads, panels of 8); fewer matrices lose (500 x 64² 70 -> 87, 100 x 48² 41 -> 52), and so do 80 rows and
+# more (1000 x 80² 219 -> 217, 1000 x 96² 244 -> 291, 40 x 176² 187 -> 271) and 32 rows (20,000 x 32² 102 -> 209).
+WHOLE_FROM = 1000  # matrices at least
+WHOLE_ROWS = (33, 64)  # m from the first to the second, 32 <= n <= m
+WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
+
+
+def default_whole(problem: Problem) -> Panel | None:
+    """The default's "whole" panel for the problem (WHOLE_FROM, WHOLE_ROWS), or None where it takes panels."""
+    m, n = problem.m, problem.n
+    if problem.batch < WHOLE_FROM or not WHOLE_ROWS[0] <= m <= WHOLE_ROWS[1] or not 32 <= n <= m:
+        return None
+    threads, slice_ = (32, 4) if m * n <= WHOLE_SMALL else (64, 8)
+    return Panel(problem.k, "whole", threads, slice=slice_)
+
+
 def default_schedule(problem: Problem, target: Target | None = None) -> Schedule:
+    whole = default_whole(problem)
+    if whole is not None:
+        return Schedule(problem.m, problem.n, (whole,))
     choices = default_choices(problem)
     cluster, aggregate = choices.cluster, choices.aggregate
     many = default_many(problem)

@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import qmatrix
 from .codegen import aggregates, kept_blocks, plan, tsqr_phases
-from .reference import (_panel, _tmatrix, matmul, product, round_to, scale, scale_exponents, tsqr_expand,
+from .reference import (_panel, _tmatrix, factor_whole, matmul, product, round_to, scale, scale_exponents, tsqr_expand,
                         tsqr_factor_tiles, tsqr_lu, tsqr_reflectors, tsqr_tiles)
 from .schedule import Schedule
 
@@ -64,6 +64,10 @@ class NumpyEngine:
     def panel(self, index, L, epoch, v, z):
         m, n = self.fac.m, self.fac.n
         h = self.buffers["h"].reshape(self.nb, m, n)
+        if L.inner:  # a "whole" kernel: everything inside it, nothing in the buffers
+            factor_whole(h, self.tau, L, n)
+            self.log.append(("panel", index, epoch))
+            return
         if L.levels:
             t, vv, tm = self._tsqr(L, h[:, L.c0:, L.c0:L.c0 + L.width])
         else:

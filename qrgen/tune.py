@@ -31,9 +31,10 @@ from .codegen import without_idle_tf32x3
 from .compile import cache_dir
 from .problem import Problem, Target
 from .schedule import (CLUSTER_LANE_SLOTS, CLUSTER_SLOTS, LANES_MAX_BATCH, LOOP_VARIANTS, MANY_WIDTH, MAX_CLUSTER,
-                       PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR, TSQR_PANEL, Panel, Precision,
-                       Schedule, STAGES, cluster_panel, default_choices, default_many, default_panel, default_reach,
-                       default_tsqr, lanes_panel, load, save, schedule_path, tsqr_panel, with_loop)
+                       PANEL_UPDATES, PRECISIONS, PRODUCT_PRECISIONS, SCHEDULE_DIR, TSQR_PANEL, WHOLE_SLICES, Panel,
+                       Precision, Schedule, STAGES, cluster_panel, default_choices, default_many, default_panel,
+                       default_reach, default_tsqr, default_whole, lanes_panel, load, save, schedule_path, tsqr_panel,
+                       with_loop)
 
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 LANES_WIDTHS = (8, 16, 32)
@@ -58,8 +59,12 @@ LOOKAHEADS = (0, 2, 32)  # Schedule.lookahead (waves per side piece; 0 off), wit
 REACHES = (False, True)  # Schedule.reach, with lookahead
 # Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
 # shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
-FAMILIES = ("rows", "lanes", "tsqr")
-ALL_FAMILIES = ("rows", "cols", "lanes", "tsqr")
+FAMILIES = ("rows", "lanes", "tsqr", "whole")
+ALL_FAMILIES = ("rows", "cols", "lanes", "tsqr", "whole")
+# whole: the factorization in one kernel per matrix (fp32, no aggregates), with its threads and panel width, and its
+# column loop; rejected by the resource model where the matrix does not fit in shared memory.
+WHOLE_THREADS = (32, 64, 128, 256)
+WHOLE_VARIATIONS = ((32, 4), (64, 8), (128, 8))  # tried early where a whole kernel fits and min(m, n) <= 128
 # tsqr panels (trees of tiles, for tall panels of few matrices) where a panel has at least two tiles of rows; the
 # other panels as the default heuristic's. Warm start: 16 columns on 256 threads, tiles of 512 rows, column loop
 # (the best of the variants measured on the H200 at 1 x 100000x32 and 1 x 40000x256, BENCHMARKS.md, 13th session).
@@ -77,7 +82,10 @@ DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster"
 
 def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
-    clustered=False: the heuristic without clusters."""
+    clustered=False: the heuristic without clusters (and without a whole kernel: default_whole)."""
+    whole = default_whole(problem) if clustered else None
+    if whole is not None:
+        return _whole_params(whole.threads, whole.slice)
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -95,6 +103,10 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
         params.update(family="lanes", lanes_head=32, lane_slots="auto", lanes_cluster=0)
         del params["rows_head"], params["cluster"]
     return params
+
+
+def _whole_params(threads: int, slice_: int, loop: bool = False) -> dict:
+    return {**DEFAULT_PARAMS, "family": "whole", "whole_threads": threads, "whole_slice": slice_, "loop": loop}
 
 
 class TrialFailed(Exception):
@@ -136,6 +148,9 @@ class TuneResult:
 def schedule_from_params(problem: Problem, params: dict) -> Schedule:
     """The schedule a point of the space stands for; ValueError where the resource model rejects it."""
     k = problem.k
+    if params["family"] == "whole":
+        return Schedule(problem.m, problem.n, (Panel(k, "whole", params["whole_threads"], slice=params["whole_slice"],
+                                                     loop=params.get("loop", False)),))
     head_cols = k if params["split"] >= 1.0 else max(1, round(k * params["split"]))
     family = params["family"]
     aggregate = params.get("aggregate", 0)
@@ -177,8 +192,12 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:
-    params = {"family": trial.suggest_categorical("family", families),
-              "split": trial.suggest_categorical("split", SPLITS)}
+    family = trial.suggest_categorical("family", families)
+    if family == "whole":
+        return _whole_params(trial.suggest_categorical("whole_threads", WHOLE_THREADS),
+                             trial.suggest_categorical("whole_slice", WHOLE_SLICES),
+                             trial.suggest_categorical("loop", LOOPS))
+    params = {"family": family, "split": trial.suggest_categorical("split", SPLITS)}
     phases = ("head",) if params["split"] >= 1.0 else ("head", "tail")
     for phase in phases:
         if params["family"] == "rows":
@@ -356,7 +375,7 @@ def space_digest() -> str:
     it too: studies from before inaccurate trials were kept as infeasible hold them as failures, and their complete
     trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, TSQR_WIDTHS, TSQR_THREADS, TSQR_TILES, CLUSTER_SLOTS_CHOICES, CLUSTERS,
-             LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS,
+             LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS, WHOLE_THREADS, WHOLE_SLICES,
              SPLITS, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES,
              CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
@@ -378,6 +397,11 @@ def _variations(problem: Problem) -> list[dict]:
     aggregates, the other lookaheads (and with its lookahead, the other reach)."""
     params = default_params(problem)
     found = []
+    if params["family"] == "whole":  # the default without it, and the other whole kernels
+        found.append(default_params(problem, clustered=False))
+    if problem.k <= 128:
+        found += [_whole_params(t, s) for t, s in WHOLE_VARIATIONS
+                  if (t, s) != (params.get("whole_threads"), params.get("whole_slice"))]
     if params["aggregate"] and problem.k >= 2048:
         other = "fp32" if params["project"] == "tf32" else "tf32"
         found.append({**params, "project": other, "update": other})

@@ -10,7 +10,9 @@ file=PATH (a schedule file's schedule for the same m x n in place of the case's,
 width=W (every wider panel split into panels of W columns, the same kernel variant); one_warp_tail=1
 (qrgen.schedule.one_warp_tail: panels of at most 32 rows on one warp); or cluster=B[,slots=S][,every=1]
 (qrgen.schedule.with_cluster: the cluster panels, with every=1 also the one-block lanes and rows panels, on
-clusters of B blocks, lanes panels of about S rows per warp where they fit). It applies to every case (a case
+clusters of B blocks, lanes panels of about S rows per warp where they fit); or whole=S[,threads=T][,loop=1] (the
+whole factorization in one kernel per matrix, panels of S columns inside it on T threads, 256 unless given: a
+Panel of variant "whole", fp32, nothing else). It applies to every case (a case
 whose schedule rejects it says why and goes on).
 """
 import argparse
@@ -23,12 +25,13 @@ import numpy as np
 from qrgen import runtime
 from qrgen.bench import graph_time_us, median_time_us, profile_case
 from qrgen.check import check
-from qrgen.schedule import CLUSTER_LANE_SLOTS, load, one_warp_tail, with_cluster
+from qrgen.schedule import CLUSTER_LANE_SLOTS, Panel, Schedule, load, one_warp_tail, with_cluster
 from qrgen.testing import mixed
 
 FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": lambda v: bool(int(v)),
           "gram": str, "project": str, "update": str, "file": str, "width": int,
-          "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v))}
+          "one_warp_tail": int, "cluster": int, "slots": int, "every": lambda v: bool(int(v)),
+          "whole": int, "threads": int, "loop": lambda v: bool(int(v))}
 
 
 def split_panels(panels, width: int) -> tuple:
@@ -66,6 +69,8 @@ def main():
                 slots, every = fields.pop("slots", CLUSTER_LANE_SLOTS), fields.pop("every", False)
                 stages = {k: fields.pop(k) for k in ("gram", "project", "update") if k in fields}
                 width = fields.pop("width", 0)
+                whole = (fields.pop("whole"), fields.pop("threads", 256), fields.pop("loop", False)) \
+                    if "whole" in fields else None
                 start = load(Path(fields.pop("file")))[0] if "file" in fields else base.schedule
                 schedule = dataclasses.replace(start, **fields)
                 if width:
@@ -73,6 +78,8 @@ def main():
                 schedule = dataclasses.replace(schedule, precision=dataclasses.replace(schedule.precision, **stages))
                 schedule = one_warp_tail(schedule) if tail else schedule
                 schedule = with_cluster(schedule, blocks, slots=slots, every=every) if blocks else schedule
+                if whole:
+                    schedule = Schedule(m, n, (Panel(min(m, n), "whole", whole[1], slice=whole[0], loop=whole[2]),))
                 facs[text] = runtime.Factorizer(m, n, schedule, "sm_90")
             except ValueError as exc:
                 print(f"{case} {text}: rejected ({exc})", flush=True)

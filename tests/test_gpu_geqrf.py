@@ -952,3 +952,42 @@ def test_back_to_back_time_is_the_kernels_own():
     a = cupy.asarray(stress("random", 32, 32, 20, seed=1))
     b2b = back_to_back_us(lambda: fac(a), calls=50)
     assert 0.0 < b2b < graph_time_us(fac, [a], 10)
+
+
+@pytest.mark.parametrize("m,n,threads,slice_,loop", [(48, 48, 32, 4, False), (64, 64, 64, 8, False),
+                                                     (64, 32, 32, 4, False), (130, 100, 128, 16, True),
+                                                     (100, 130, 128, 16, False), (33, 33, 64, 8, False),
+                                                     (176, 176, 256, 8, True), (96, 96, 128, 8, False)])
+def test_whole_kernel_every_family(m, n, threads, slice_, loop):
+    """The whole factorization in one kernel per matrix (Panel variant "whole"): square, tall, wide, min(m, n) no
+    multiple of the panels' width, shared memory past 48 KiB with the panels' state (96², 128 threads), on every
+    stress family; a NaN in one matrix leaves the others as they were."""
+    import cupy
+
+    from qrgen.runtime import Factorizer
+    from qrgen.schedule import Panel, Schedule
+
+    fac = Factorizer(m, n, Schedule(m, n, (Panel(min(m, n), "whole", threads, slice=slice_, loop=loop),)), "sm_90")
+    for family in FAMILIES:
+        a = stress(family, m, n, 5, seed=m + n)
+        result = _geqrf_checked(a, fac)
+        assert result.ok, f"{family} {fac.schedule.describe()}: {result}"
+    a = stress("random", m, n, 6, seed=1)
+    h_clean, _ = fac(cupy.asarray(a))
+    a[3, m // 2, n // 3] = np.nan
+    h, _ = fac(cupy.asarray(a))
+    keep = [0, 1, 2, 4, 5]
+    assert np.array_equal(cupy.asnumpy(h)[keep], cupy.asnumpy(h_clean)[keep])
+    assert np.isnan(cupy.asnumpy(h)[3]).any()
+
+
+@pytest.mark.parametrize("batch,m,n", [(1000, 48, 48), (1200, 64, 64), (1000, 64, 32)])
+def test_default_whole_mixed_batch(batch, m, n):
+    """The default for many small matrices (schedule.default_whole) on a batch of every stress family."""
+    from qrgen.problem import Problem
+    from qrgen.schedule import default_whole
+
+    assert default_whole(Problem(m, n, batch)) is not None
+    a, labels = mixed(m, n, batch, seed=batch)
+    result = _geqrf_checked(a)
+    assert result.ok, f"{batch} x {m}x{n}: {result}"
