@@ -781,7 +781,7 @@ def default_reach(problem: Problem, lookahead: int) -> bool:
 # Many small matrices: the whole factorization in one kernel per matrix (Panel variant "whole"), the matrix in shared
 # memory. Measured on the H200 against the default it replaces (BENCHMARKS.md, twenty-fourth session; graph replay,
 # µs, same run): 4000 x 48² 315 -> 144 (32 threads, panels of 4), 2000 x 64x32 73 -> 47 (32, 4), 2000 x 64² 200 ->
-# 182 (64 threads, panels of 8); fewer matrices lose (500 x 64² 70 -> 87, 100 x 48² 41 -> 52), and so do 80 rows and
+# 182 (64 threads, panels of 8); fewer matrices lose (500 x 64² 70 -> 87, 100 x 48² 41 -> 56), and so do 80 rows and
 # more (1000 x 80² 219 -> 217, 1000 x 96² 244 -> 291, 40 x 176² 187 -> 271) and 32 rows (20,000 x 32² 102 -> 209).
 WHOLE_FROM = 1000  # matrices at least
 WHOLE_ROWS = (33, 64)  # m from the first to the second, 32 <= n <= m

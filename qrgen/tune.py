@@ -3,7 +3,8 @@
 The space: panel widths in two phases (a head of the columns and the rest, each with its own width), the panel
 kernel family (warp/rows chosen per panel by the register model; lanes with its rows per warp; tsqr with its threads
 and rows per tile; cols with its column slice; rows and lanes panels on one block or on a cluster of 2 to 8 blocks;
-warp, rows and tsqr panels with their column loop unrolled or not), the aggregate size, how the panels' own products
+warp, rows and tsqr panels with their column loop unrolled or not; whole, the factorization in one kernel per matrix
+with its threads and panel width), the aggregate size, how the panels' own products
 run (cuBLAS, the split kernels or the fused kernel)
 and the input precision of each trailing-update stage. Points the resource model rejects never compile. The
 objective is the median time measured on the GPU (CUDA-graph replays), or
