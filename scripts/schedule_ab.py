@@ -12,7 +12,8 @@ width=W (every wider panel split into panels of W columns, the same kernel varia
 (qrgen.schedule.with_cluster: the cluster panels, with every=1 also the one-block lanes and rows panels, on
 clusters of B blocks, lanes panels of about S rows per warp where they fit); or whole=S[,threads=T][,loop=1] (the
 whole factorization in one kernel per matrix, panels of S columns inside it on T threads, 256 unless given: a
-Panel of variant "whole", fp32, nothing else). It applies to every case (a case
+Panel of variant "whole", fp32, nothing else); loop=0 or 1 without whole sets every warp, rows and tsqr panel's column
+loop (qrgen.schedule.with_loop). It applies to every case (a case
 whose schedule rejects it says why and goes on).
 """
 import argparse
@@ -25,7 +26,7 @@ import numpy as np
 from qrgen import runtime
 from qrgen.bench import graph_time_us, median_time_us, profile_case
 from qrgen.check import check
-from qrgen.schedule import CLUSTER_LANE_SLOTS, Panel, Schedule, load, one_warp_tail, with_cluster
+from qrgen.schedule import CLUSTER_LANE_SLOTS, Panel, Schedule, load, one_warp_tail, with_cluster, with_loop
 from qrgen.testing import mixed
 
 FIELDS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": lambda v: bool(int(v)),
@@ -69,17 +70,18 @@ def main():
                 slots, every = fields.pop("slots", CLUSTER_LANE_SLOTS), fields.pop("every", False)
                 stages = {k: fields.pop(k) for k in ("gram", "project", "update") if k in fields}
                 width = fields.pop("width", 0)
-                whole = (fields.pop("whole"), fields.pop("threads", 256), fields.pop("loop", False)) \
-                    if "whole" in fields else None
+                whole, threads, loop = fields.pop("whole", 0), fields.pop("threads", 256), fields.pop("loop", None)
                 start = load(Path(fields.pop("file")))[0] if "file" in fields else base.schedule
                 schedule = dataclasses.replace(start, **fields)
                 if width:
                     schedule = dataclasses.replace(schedule, panels=split_panels(schedule.panels, width))
+                if loop is not None and not whole:
+                    schedule = dataclasses.replace(schedule, panels=tuple(with_loop(p, loop) for p in schedule.panels))
                 schedule = dataclasses.replace(schedule, precision=dataclasses.replace(schedule.precision, **stages))
                 schedule = one_warp_tail(schedule) if tail else schedule
                 schedule = with_cluster(schedule, blocks, slots=slots, every=every) if blocks else schedule
                 if whole:
-                    schedule = Schedule(m, n, (Panel(min(m, n), "whole", whole[1], slice=whole[0], loop=whole[2]),))
+                    schedule = Schedule(m, n, (Panel(min(m, n), "whole", threads, slice=whole, loop=bool(loop)),))
                 facs[text] = runtime.Factorizer(m, n, schedule, "sm_90")
             except ValueError as exc:
                 print(f"{case} {text}: rejected ({exc})", flush=True)
