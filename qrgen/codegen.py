@@ -305,16 +305,11 @@ def tsqr_phases(levels: tuple[tuple[int, int], ...], width: int) -> tuple[TsqrPh
             + (phase(3, 0, out=lay.stack[top], y=lay.stack[0] if top else -1),))
 
 
-def sub_panels(launch: Launch, n: int) -> tuple[tuple[int, int, int], ...]:
-    """(first column, width, columns right of it that its own products update) of each panel a launch factors: a
-    "whole" kernel's inner panels (each updating every column right of it, to n), else the launch's own panel."""
-    if not launch.inner:
-        return ((launch.c0, launch.width, launch.nc),)
-    out = []
-    for c in range(0, launch.width, launch.inner):
-        w = min(launch.inner, launch.width - c)
-        out.append((c, w, n - c - w))
-    return tuple(out)
+def inner_panels(launch: Launch, n: int) -> tuple[tuple[int, int, int], ...]:
+    """A "whole" launch's panels in order (Launch.inner columns each, the last one narrower where that does not
+    divide its width): (first column, width, columns right of it to n, which its update covers)."""
+    return tuple((c, min(launch.inner, launch.width - c), n - c - min(launch.inner, launch.width - c))
+                 for c in range(0, launch.width, launch.inner))
 
 
 def aggregates(schedule: Schedule) -> tuple[Aggregate, ...]:

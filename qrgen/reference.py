@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codegen import aggregates, plan, sub_panels
+from .codegen import aggregates, plan, inner_panels
 from .schedule import Schedule, default_schedule
 from .problem import Problem
 
@@ -263,9 +263,9 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
 
 
 def factor_whole(h: np.ndarray, tau: np.ndarray, launch, n: int) -> None:
-    """A "whole" launch (codegen.sub_panels) on h (batch, m, n) in place, in h's dtype: each inner panel factored,
+    """A "whole" launch (codegen.inner_panels) on h (batch, m, n) in place, in h's dtype: each inner panel factored,
     then every column right of it updated as the kernel does, C -= V (T^T (V^T C)) (fp32 inputs throughout)."""
-    for c0, w, nc in sub_panels(launch, n):
+    for c0, w, nc in inner_panels(launch, n):
         p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
         t, v = _panel(p)
         h[:, c0:, c0:c0 + w] = p

@@ -51,7 +51,7 @@ def test_plan_is_one_launch_that_updates_everything():
                                                                                                         128, 16)
     assert launch.nc == 0 and not launch.trail and launch.inner == 16 and launch.barriers == 0
     # inner panels of 16 (the last one 4 wide), each updating every column right of it to n = 130
-    subs = codegen.sub_panels(launch, 130)
+    subs = codegen.inner_panels(launch, 130)
     assert [s[:2] for s in subs] == [(c, 16) for c in range(0, 96, 16)] + [(96, 4)]
     assert all(c + w + nc == 130 for c, w, nc in subs)
     with pytest.raises(ValueError, match="no keep plan"):
