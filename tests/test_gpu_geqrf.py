@@ -298,12 +298,14 @@ def test_fused_panel_products(width, rows, nc, ldc, aligned, cluster):
 
 
 @pytest.mark.parametrize("batch,m,n", [(20000, 32, 32), (20, 32, 32), (40, 176, 176), (40, 352, 352), (6, 300, 120),
+                                       (1000, 48, 48), (2000, 64, 32),  # whole kernels (schedule.default_whole)
                                        pytest.param(640, 512, 512, marks=pytest.mark.slow),
                                        pytest.param(60, 1024, 1024, marks=pytest.mark.slow),
                                        pytest.param(8, 2048, 2048, marks=pytest.mark.slow),
                                        pytest.param(2, 4096, 4096, marks=pytest.mark.slow)])
 def test_qr_reduced_and_lstsq_every_family(batch, m, n):
-    """The Q issue's acceptance: qr (reduced) and lstsq on the seven reference batches and 20,000 x 32²."""
+    """The Q issue's acceptance: qr (reduced) and lstsq on the seven reference batches and 20,000 x 32²; also two
+    shapes whose default is a whole kernel (no keep plan: Q from h and tau)."""
     import cupy
 
     from test_qmatrix import _q_gates
