@@ -70,9 +70,9 @@ class Panel:
                     (WHOLE_SLICES) factor as "rows" panels on the block, each followed by its fp32 update of
                     the columns right of it from shared memory (templates/cuda/whole.cuh.j2). For matrices whose
                     m x (n + 1) floats fit in shared memory beside the panels' state (whole_shared_bytes).
-    loop (warp, rows, tsqr, whole): the loop over columns is not unrolled either (registers rotate by one column per step:
-                    small code at about 1.6x the arithmetic; pays where several blocks share an SM's instruction
-                    cache, measured on the H200 at 640 x 512²).
+    loop (warp, rows, tsqr, whole): the loop over columns is not unrolled either (registers rotate by one column
+                    per step: small code at about 1.6x the arithmetic; pays where several blocks share an SM's
+                    instruction cache, measured on the H200 at 640 x 512²).
     """
 
     width: int
@@ -275,7 +275,8 @@ class Schedule:
             smem = 4 * (2 * warps * 32 + 64 + 2 * panel.width * (panel.width + 1) + panel.width
                         + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
         elif panel.variant == "whole":
-            smem = whole_shared_bytes(self.m, self.n, panel.threads, panel.slice) + rows_shared_bytes(warps, panel.slice)
+            smem = (whole_shared_bytes(self.m, self.n, panel.threads, panel.slice)
+                    + rows_shared_bytes(warps, panel.slice))
         elif panel.variant == "tsqr":  # tsqr.cuh.j2's Shared: the rows panel's, five NB x PITCH blocks, 2 NB
             smem = 4 * (warps * 32 + 2 * panel.width * panel.width + 5 * panel.width + 96
                         + 5 * panel.width * ((panel.width + 3) // 4 * 4 + 4) + 2 * panel.width)
@@ -332,7 +333,12 @@ class Schedule:
                 groups.append([key, 1])
         parts = []
         for (w, v, t, b, s, c, loop, tile), count in groups:
-            extra = f" slice {s}" if v == "cols" else f", panels of {s} columns" if v == "whole" else (f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else "")
+            if v == "cols":
+                extra = f" slice {s}"
+            elif v == "whole":
+                extra = f", panels of {s} columns"
+            else:
+                extra = f" x{b} blocks" + (" (cluster)" if c else "") if b > 1 else ""
             extra += f", tiles of {tile} rows" if v == "tsqr" else ""
             extra += ", column loop" if loop else ""
             parts.append(f"{count}x{w} {v}({t} threads{extra})")
