@@ -352,9 +352,9 @@ class Schedule:
 
 
 def rows_shared_bytes(warps: int, width: int) -> int:
-    """panel_rows.cuh.j2's Shared, in bytes: red, tot and piv by parity, G and T (rows padded), tau, a cluster's
-    receive buffers and mbarriers aside."""
-    return 4 * (warps * 32 + 2 * width * width + 5 * width + 96)
+    """panel_rows.cuh.j2's Shared, in bytes: red, tot, piv and the coefficients cf by parity, G and T (rows padded),
+    tau, one block's receive buffer and the mbarriers (a cluster's receive buffers aside)."""
+    return 4 * (warps * 32 + 2 * width * width + 5 * width + 166)
 
 
 def whole_shared_bytes(m: int, n: int, threads: int, slice_: int) -> int:

@@ -21,7 +21,11 @@ CONFIGS = {"project": {k: v for k, v in codegen.GEMM3["project"].items() if k !=
            "128 k16 s4 x2": dict(bm=128, bn=128, bk=16, wm_warps=2, wn_warps=4, stages=4, min_blocks=2),
            "128x64 k32 s3": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2),
            "64 k32 s3": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3),
-           "64x128 k32 s3": dict(bm=64, bn=128, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2)}
+           "64x128 k32 s3": dict(bm=64, bn=128, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2),
+           "project64": {k: v for k, v in codegen.GEMM3["project64"].items() if k != "a_mcontig"},
+           "64 k32 s2 x4": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=2, min_blocks=4),
+           "128x64 k32 s2 x2": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=2, min_blocks=2),
+           "128 k32 s2": dict(bm=128, bn=128, bk=32, wm_warps=2, wn_warps=4, stages=2, min_blocks=1)}
 
 
 def config(cfg: str, a_mcontig: bool) -> dict:
@@ -75,11 +79,13 @@ def gemm3(cfg, a, a_mcontig, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, batch, al
 
 
 # (label, batch, M, K, N, A given M-contiguous, B given K-contiguous): the 60 x 1024², 8 x 2048² and 2 x 4096²
-# aggregates' products, and a 60 x 1024² aggregate's Gram matrix.
+# aggregates' products, a 60 x 1024² aggregate's Gram matrix, and 640 x 512²'s first and fifth aggregates (of 64).
 SHAPES = [("1024² project", 60, 128, 896, 768, False, False), ("1024² update", 60, 896, 128, 768, True, False),
           ("2048² project", 8, 128, 1920, 1792, False, False), ("2048² update", 8, 1920, 128, 1792, True, False),
           ("4096² update", 2, 3968, 128, 3840, True, False), ("1024² near update", 60, 896, 128, 128, True, False),
-          ("1024² gram", 60, 128, 896, 128, False, True)]
+          ("1024² gram", 60, 128, 896, 128, False, True),
+          ("512² a64 project", 640, 64, 512, 448, False, False), ("512² a64 update", 640, 512, 64, 448, True, False),
+          ("512² a64 late update", 640, 256, 64, 192, True, False)]
 rng = np.random.default_rng(0)
 for label, batch, M, K, N, mc, kc in SHAPES:
     a_host = rng.standard_normal((batch, K, M) if mc else (batch, M, K), dtype=np.float32)

@@ -55,6 +55,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="BATCHxMxN, such as 60x1024x1024")
     ap.add_argument("--variant", action="append", default=[], help="FIELD=VALUE[,FIELD=VALUE...] (repeatable)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile every schedule's kernels into the cache and stop (no GPU needed: to fill a cache "
+                         "that the GPU machine then reads)")
     ap.add_argument("--profile", action="store_true",
                     help="also each schedule's GPU time by stage (qrgen.bench.profile_case), after the rounds")
     args = ap.parse_args()
@@ -85,6 +88,11 @@ def main():
                 facs[text] = runtime.Factorizer(m, n, schedule, "sm_90")
             except ValueError as exc:
                 print(f"{case} {text}: rejected ({exc})", flush=True)
+        if args.compile_only:
+            for name, fac in facs.items():
+                spills = sum(b.spill_bytes for b in fac.build())
+                print(f"{case} {name}: {len(fac.binaries)} kernels compiled, {spills} bytes of spill", flush=True)
+            continue
         rng = np.random.default_rng(0)
         inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
         hostile, _ = mixed(m, n, min(batch, 10 if m * n <= 1 << 20 else 4), seed=1)

@@ -10,7 +10,7 @@ import pytest
 
 from qrgen import codegen, compile as qcompile
 from qrgen.problem import Problem
-from qrgen.schedule import Panel, Precision, Schedule, default_schedule, load
+from qrgen.schedule import Panel, Precision, Schedule, default_schedule, load, rows_shared_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,6 +126,20 @@ def test_every_committed_kernel_compiles_without_spills(tmp_path, monkeypatch):
     bad = {k: (b.spill_bytes, b.stack_bytes) for k, b in binaries.items() if b.spill_bytes or b.stack_bytes}
     assert not bad, f"kernels with spills or stack (bytes): {bad}"
     assert all(0 < b.registers <= 255 for b in binaries.values())
+
+
+@needs_nvrtc
+def test_rows_shared_bytes_is_the_rows_panels_shared_memory(tmp_path, monkeypatch):
+    """schedule.rows_shared_bytes (the budget checks' and the whole kernel's occupancy model) is the size of
+    panel_rows.cuh.j2's Shared for one block, checked by the compiler for several warps and widths."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    schedule = Schedule(256, 16, (Panel(16, "rows", 128),))
+    (kernel,) = [r for r in codegen.render_all(schedule, "sm_90") if r.name.startswith("qr_rows")]
+    checks = "".join(
+        f"static_assert(sizeof(RowsPanel<256, 16, 16, 2, {w}, {32 * warps}, 1, 4, 0, true, false, false>::Shared)"
+        f" == {rows_shared_bytes(warps, w)}, \"rows_shared_bytes({warps}, {w})\");\n"
+        for warps, w in ((1, 8), (2, 8), (4, 16), (8, 32), (32, 32)))
+    qcompile.compile_source(kernel.name + "_shared_check", kernel.source + checks, "sm_90", use_cache=False)
 
 
 COLS_SCHEDULES = [

@@ -239,6 +239,11 @@ struct RowsPanel {
   // registers to spare, and any change to T's loop moved spills in (qr_rows_w16_t512_c4_s4_v4_trail,
   // qr_rows_w8_t512_b20_s10_v4_trail), so there the row is walked in place as before.
   static constexpr bool UNROLL_T = THREADS < 512;
+  // One block of several warps: warp 0 builds each column's reflector once, beside the warps' sums, and the other
+  // warps read its coefficients (ONCE) instead of each building the same reflector from the sums (its square root,
+  // division and branches, and a multiply-add per later column: measured in the lanes panels, where the block's
+  // warps share the SM's issue slots, 4-7% of a panel's time).
+  static constexpr bool ONCE = WARPS > 1 && BLOCKS == 1;
   static_assert(NB <= 32 && NB <= THREADS, "a rows panel is at most 32 columns wide");
 
   struct Shared {
@@ -248,6 +253,9 @@ struct RowsPanel {
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
+    // ONCE, by parity of the column: [0] the reflector's scale, [p] for 0 < p < 32 the coefficient of the p-th
+    // column after the reflector's (tau times its dot with the reflector), [32] beta.
+    float cf[2][33];
     // Clusters: by parity of the column, every block's partial sums and then block 0's pivot row, pushed here by
     // st.async, and the mbarrier their bytes complete on.
     float xr[CLUSTER ? 2 : 1][CLUSTER ? BLOCKS + 1 : 1][32];
@@ -272,12 +280,32 @@ struct RowsPanel {
     }
   }
 
+  // ONCE: warp 0's reflector for column j from the sums (lane t's in acc: its dot of the column with the t-th
+  // column after it, for 0 < t < nd; sigma, the column's squared norm below its diagonal, lane 0's sum, which every
+  // lane adds up itself: a shuffle inside warp 0's branch makes the compiler wrap every shuffle of the column in
+  // convergence code, measured at 3x the panel's time) and the pivot row at sm.piv[j & 1][p0]; tau into sm.tau[j],
+  // the coefficients into sm.cf[j & 1] (zero for p >= nd).
+  __device__ __forceinline__ void reflect(const float acc, const float sigma, const int j, const int p0,
+                                          const int nd) {
+    const float* piv = sm.piv[j & 1];
+    const Reflector f = make_reflector(piv[p0], sigma);
+    float* cf = sm.cf[j & 1];
+    if (t == 0) {
+      sm.tau[j] = f.tau;
+      cf[0] = f.scale;
+      cf[32] = f.beta;
+    } else {
+      cf[t] = t < nd ? f.tau * fmaf(f.scale, acc, piv[p0 + t]) : 0.0f;
+    }
+  }
+
   // Sums NV values per thread over the block (and over the matrix's blocks) for column j; the sums land in
   // sm.tot[j & 1], and block 0's pivot row entries sm.piv[j & 1][p0 .. p0 + ND) reach the other blocks. Totals
   // and pivot row alternate by column, so a column needs no barrier at its end: a thread rewrites them for
   // column j + 2 only after the next column's first barrier, which every reader of column j's has passed.
+  // ONCE with nd > 0: warp 0 also builds the reflector (reflect).
   template <int NV, int ND>
-  __device__ __forceinline__ void reduce(float (&v)[32], const int j, const int p0) {
+  __device__ __forceinline__ void reduce(float (&v)[32], const int j, const int p0, const int nd = 0) {
     constexpr int P = NV <= 1 ? 1 : NV <= 2 ? 2 : NV <= 4 ? 4 : NV <= 8 ? 8 : NV <= 16 ? 16 : 32;
     constexpr int SHIFT = 5 - (P == 1 ? 0 : P == 2 ? 1 : P == 4 ? 2 : P == 8 ? 3 : P == 16 ? 4 : 5);
     constexpr bool CLUSTERED = BLOCKS > 1 && CLUSTER;
@@ -292,7 +320,23 @@ struct RowsPanel {
     } else {
       if (leader && idx < NV) sm.red[warp][idx] = v[0];
       __syncthreads();
-      if constexpr (!CLUSTERED) {
+      if constexpr (ONCE) {
+        if (warp == 0) {
+          float acc = 0.0f;
+          if (t < NV) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
+            tot[t] = acc;
+          }
+          if (nd > 0) {
+            float sigma = 0.0f;  // lane 0's acc, added up in the same order
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) sigma += sm.red[w][0];
+            reflect(acc, sigma, j, p0, nd);
+          }
+        }
+        __syncthreads();
+      } else if constexpr (!CLUSTERED) {
         if (t < NV) {
           float acc = 0.0f;
 #pragma unroll
@@ -389,27 +433,37 @@ struct RowsPanel {
       }
     }
     if constexpr (ND + NG > 0) {
-      reduce<ND + NG, ND>(v, J, J);
+      reduce<ND + NG, ND>(v, J, J, ND);
       if (t < NG) sm.gram[t][J - 1] = sm.tot[J & 1][ND + t];
     }
     if constexpr (J < NB) {
-      const float* tot = sm.tot[J & 1];
-      const float* piv = sm.piv[J & 1];
-      const Reflector f = make_reflector(piv[J], tot[0]);
-      if (t == 0) sm.tau[J] = f.tau;
-      float fk[NB];
+      float fk[NB], scale, beta;
+      if constexpr (ONCE) {
+        const float* cf = sm.cf[J & 1];
+        scale = cf[0];
+        beta = cf[32];
 #pragma unroll
-      for (int k = J + 1; k < NB; ++k) fk[k] = f.tau * fmaf(f.scale, tot[k - J], piv[k]);
+        for (int k = J + 1; k < NB; ++k) fk[k] = cf[k - J];
+      } else {
+        const float* tot = sm.tot[J & 1];
+        const float* piv = sm.piv[J & 1];
+        const Reflector f = make_reflector(piv[J], tot[0]);
+        if (t == 0) sm.tau[J] = f.tau;
+        scale = f.scale;
+        beta = f.beta;
+#pragma unroll
+        for (int k = J + 1; k < NB; ++k) fk[k] = f.tau * fmaf(f.scale, tot[k - J], piv[k]);
+      }
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s * THREADS;
         if (r > J) {
-          const float vr = x[s][J] * f.scale;
+          const float vr = x[s][J] * scale;
           x[s][J] = vr;
 #pragma unroll
           for (int k = J + 1; k < NB; ++k) x[s][k] = fmaf(-fk[k], vr, x[s][k]);
         } else if (r == J) {
-          x[s][J] = f.beta;
+          x[s][J] = beta;
 #pragma unroll
           for (int k = J + 1; k < NB; ++k) x[s][k] -= fk[k];
         }
@@ -462,23 +516,33 @@ struct RowsPanel {
 #pragma unroll
       for (int p = 0; p < NB; ++p) sm.piv[j & 1][p] = x[0][p];
     }
-    reduce<NB, NB>(v, j, 0);
+    reduce<NB, NB>(v, j, 0, NB - j);
     if constexpr (TRAIL) {
       if (t >= NB - j && t < NB - 1) sm.gram[t - (NB - j)][j - 1] = sm.tot[j & 1][t];
       if (j == NB) return;  // the Gram entries of the last reflector only
     }
-    const float* tot = sm.tot[j & 1];
-    const float* piv = sm.piv[j & 1];
-    const Reflector f = make_reflector(piv[0], tot[0]);
-    if (t == 0) sm.tau[j] = f.tau;
-    float fk[NB];
+    float fk[NB], scale, beta;
+    if constexpr (ONCE) {
+      const float* cf = sm.cf[j & 1];
+      scale = cf[0];
+      beta = cf[32];
 #pragma unroll
-    for (int p = 1; p < NB; ++p) fk[p] = p < NB - j ? f.tau * fmaf(f.scale, tot[p], piv[p]) : 0.0f;
+      for (int p = 1; p < NB; ++p) fk[p] = cf[p];
+    } else {
+      const float* tot = sm.tot[j & 1];
+      const float* piv = sm.piv[j & 1];
+      const Reflector f = make_reflector(piv[0], tot[0]);
+      if (t == 0) sm.tau[j] = f.tau;
+      scale = f.scale;
+      beta = f.beta;
+#pragma unroll
+      for (int p = 1; p < NB; ++p) fk[p] = p < NB - j ? f.tau * fmaf(f.scale, tot[p], piv[p]) : 0.0f;
+    }
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s * THREADS;
       const float y0 = x[s][0];
-      const float vr = y0 * f.scale;
+      const float vr = y0 * scale;
       if (s > 0) {
 #pragma unroll
         for (int p = 1; p < NB; ++p) x[s][p - 1] = fmaf(-fk[p], vr, x[s][p]);
@@ -490,7 +554,7 @@ struct RowsPanel {
           const float xp = x[s][p];
           x[s][p - 1] = below ? fmaf(-fk[p], vr, xp) : (at ? xp - fk[p] : xp);
         }
-        x[s][NB - 1] = below ? vr : (at ? f.beta : y0);
+        x[s][NB - 1] = below ? vr : (at ? beta : y0);
       }
     }
   }

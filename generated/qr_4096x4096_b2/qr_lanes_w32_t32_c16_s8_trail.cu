@@ -250,7 +250,9 @@ struct LanesPanel {
   struct Shared {
     float red[2][WARPS][32];
     float piv[2][32];
-    float tot[2][32];  // the block's sums, by parity of the column (one block)
+    // One block of several warps: by parity of the column, each lane's update coefficients (ws, the entry in row
+    // j, the reflector's scale) as warp 0 computed them from the block's sums.
+    float cf[2][3][32];
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
     float tau[NB];
@@ -339,7 +341,11 @@ struct LanesPanel {
 #pragma unroll
       for (int q = 0; q < BLOCKS; ++q) tot += sm.xr[buf][q][lane];
       pv = sm.xr[buf][BLOCKS][lane];
-    } else if constexpr (WARPS > 1) {
+    }
+    const bool me = lane == j;
+    const bool right = lane > j && lane < NB;
+    float scale, ws, at;  // the reflector's scale; w times it (w = (v_j . column) tau); the entry in row j
+    if constexpr (!CLUSTER && WARPS > 1) {
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
@@ -349,32 +355,51 @@ struct LanesPanel {
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) sum += sm.red[buf][w][lane];
-        sm.tot[buf][lane] = sum;
+        const float p0 = sm.piv[buf][lane];
+        // Lane j's sum and pivot entry, read and added up by every lane in the same order rather than shuffled
+        // from lane j: a shuffle inside warp 0's branch makes the compiler wrap the column's other shuffles in
+        // convergence code.
+        float sigma = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) sigma += sm.red[buf][w][j];
+        const Reflector f = make_reflector(sm.piv[buf][j], sigma);
+        const float d = fmaf(f.scale, sum, p0);  // v_j . column for lanes right of j; G[lane][j] for lanes left
+        if constexpr (GRAM) {
+          if (lane < j) sm.gram[lane][j] = d;
+        }
+        if (lane == 0) sm.tau[j] = f.tau;
+        const float w = right ? f.tau * d : 0.0f;
+        sm.cf[buf][0][lane] = w * f.scale;
+        sm.cf[buf][1][lane] = me ? f.beta : (right ? p0 - w : 0.0f);
+        sm.cf[buf][2][lane] = f.scale;
       }
       __syncthreads();
-      tot = sm.tot[buf][lane];
-      pv = sm.piv[buf][lane];
+      ws = sm.cf[buf][0][lane];
+      at = sm.cf[buf][1][lane];
+      scale = sm.cf[buf][2][lane];
+    } else {
+      const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
+      const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
+      const Reflector f = make_reflector<UNROLL>(alpha, sigma);
+      if constexpr (GRAM) {
+        // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds
+        // v_c. (UNROLL: column c is still unscaled, so times its own scale.)
+        if (warp == 0 && lane < j) sm.gram[lane][j] = UNROLL ? fmaf(f.scale, tot, pv) * own : fmaf(f.scale, tot, pv);
+      }
+      if (t == 0) sm.tau[j] = f.tau;
+      if constexpr (BACKWARD_Q) taus[j] = f.tau;
+      if constexpr (UNROLL) {
+        if (me) own = f.scale;
+      }
+      const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;
+      scale = f.scale;
+      ws = w * f.scale;
+      at = me ? f.beta : (right ? pv - w : 0.0f);
     }
-    const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
-    const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
-    const Reflector f = make_reflector<UNROLL>(alpha, sigma);
-    if constexpr (GRAM) {
-      // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds v_c.
-      // (UNROLL: column c is still unscaled, so times its own scale.)
-      if (warp == 0 && lane < j) sm.gram[lane][j] = UNROLL ? fmaf(f.scale, tot, pv) * own : fmaf(f.scale, tot, pv);
-    }
-    if (t == 0) sm.tau[j] = f.tau;
-    if constexpr (BACKWARD_Q) taus[j] = f.tau;
-    const bool me = lane == j;
-    const bool right = lane > j && lane < NB;
-    const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;  // (v_j . column) tau, for columns right of j
-    const float ws = w * f.scale;
     // Selects, not branches: every slot's three cases (below, at, above row j) in straight-line code.
-    const float at = me ? f.beta : (right ? pv - w : 0.0f);
     if constexpr (UNROLL) {
       // Column j's entries below row j stay unscaled until the loop ends (its scale kept in `own`), so every slot
       // below row j is one FMA (ws is 0 in lane j).
-      if (me) own = f.scale;
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         if (s > j) {
@@ -385,12 +410,12 @@ struct LanesPanel {
       }
     } else if (below_all) {
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) x[s] = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
+      for (int s = 0; s < SLOTS; ++s) x[s] = me ? x[s] * scale : fmaf(-ws, v[s], x[s]);
     } else {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s;
-        const float below = me ? x[s] * f.scale : fmaf(-ws, v[s], x[s]);
+        const float below = me ? x[s] * scale : fmaf(-ws, v[s], x[s]);
         const float here = (me || right) ? at : x[s];
         x[s] = r > j ? below : (r == j ? here : x[s]);
       }
