@@ -471,13 +471,13 @@ def _multi_block_panel(rows: int, width: int) -> Panel:
 
 
 def cluster_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_SLOTS) -> Panel | None:
-    """A rows panel over a cluster of `blocks` blocks: the fewest threads per block that hold `rows` x `width` with
-    at most `slots` rows per thread (more where registers demand), or None. Fewer rows per thread shorten the
-    chain of dependent instructions that each column costs a thread."""
+    """A rows panel over a cluster of `blocks` blocks (blocks=1: on one block, no cluster): the fewest threads per
+    block that hold `rows` x `width` with at most `slots` rows per thread (more where registers demand), or None.
+    Fewer rows per thread shorten the chain of dependent instructions that each column costs a thread."""
     for threads in THREADS[1:]:
         if math.ceil(math.ceil(rows / blocks) / threads) > slots and threads < 1024:
             continue
-        panel = Panel(width, "rows", threads, blocks, cluster=True)
+        panel = Panel(width, "rows", threads, blocks, cluster=blocks > 1)
         if _fits(rows, panel):
             return panel
     return None

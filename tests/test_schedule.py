@@ -224,6 +224,26 @@ def test_with_cluster_moves_only_cluster_panels():
     assert v.panels[:3] == t.panels[:3] and v.panels[3] == lanes_panel(4096 - 80, s.panels[3].width, 16, 16)
 
 
+def test_with_cluster_onto_one_block():
+    """with_cluster(schedule, 1): the cluster panels on one block each (how the 176² and 352² files were amended):
+    lanes panels of about `slots` rows a warp where one block holds them, else rows panels on one block, never a
+    "cluster" of one block (which Panel refuses)."""
+    from qrgen.schedule import SCHEDULE_DIR, cluster_lanes_panel, lanes_panel, with_cluster
+
+    s = Schedule(512, 64, (cluster_lanes_panel(512, 32, 2), cluster_lanes_panel(480, 32, 2)))
+    assert all(p.cluster and p.blocks == 2 for p in s.panels)
+    one = with_cluster(s, 1, slots=16)
+    # 512 or 480 rows as lanes of 16 rows a warp: 30-32 warps, more registers than 1,024 threads leave
+    assert all(p.blocks == 1 and not p.cluster and p.variant == "rows" for p in one.panels)
+    assert with_cluster(one, 1, slots=16) == one
+    m = Schedule(352, 64, (cluster_lanes_panel(352, 32, 8), cluster_lanes_panel(320, 32, 8)))
+    assert with_cluster(m, 1, slots=16).panels == (lanes_panel(352, 32, 16), lanes_panel(320, 32, 16))
+    assert lanes_panel(352, 32, 16).threads == 704
+    tuned, _ = load(SCHEDULE_DIR / "sm_90" / "176x176_b40.json")
+    assert all(p.blocks == 1 and not p.cluster for p in tuned.panels)
+    assert tuned.panels[0] == lanes_panel(176, 32, 8)
+
+
 def test_default_for_many_matrices_of_384_to_512_rows():
     """default_many: from MANY_FROM matrices with min(m, n) >= 384 and m <= 512, the tuned 640 x 512² file's recipe
     (16-wide looped rows and warp panels, aggregates of 64 in tf32x3, lookahead 2, fused panel products, no
