@@ -273,7 +273,7 @@ def test_lanes_panels_on_clusters():
     assert kernels[0].name == "qr_lanes_w32_t512_c8_s32_trail" and kernels[0].slots == 32
     assert all(L.cluster and L.blocks == 8 for L in launches)
     source = codegen.render(schedule, kernels[0]).source
-    assert "__cluster_dims__(8, 1, 1)" in source and "push_peer(&sm.xr[buf][g][lane], sum" in source
+    assert "__cluster_dims__(8, 1, 1)" in source and "push_peer_at(peer[q], &sm, &sm.xr[buf][g][lane], sum" in source
     assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true, false>" in source
     assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
     with pytest.raises(ValueError, match="blocks=1, or 2 to 16 blocks with cluster=True; got blocks=8"):

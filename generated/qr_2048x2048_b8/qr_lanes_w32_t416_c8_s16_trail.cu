@@ -111,6 +111,15 @@ __device__ __forceinline__ void push_peer(float* p, float v, unsigned long long*
 }
 
 
+__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
+                                             unsigned long long* bar) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
+               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+}
+
+
 __device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
@@ -269,7 +278,10 @@ struct LanesPanel {
   int t, lane, warp, b, g, row0;
   float x[SLOTS];
   float taus[BACKWARD_Q ? NB : 1];  // every reflector's tau, in every lane
-  float own = 1.0f;  // UNROLL: this lane's reflector scale, applied to its column below the diagonal after the loop
+  // This lane's reflector scale: its column below the diagonal stays unscaled until the loop over columns ends
+  // (the update of a finished column is then one FMA with coefficient 0, not a multiply and a select).
+  float own = 1.0f;
+  unsigned peer[CLUSTER ? BLOCKS : 1];  // CLUSTER: this block's shared memory as seen from each block of the cluster
 
   __device__ __forceinline__ void sync() {
     if constexpr (WARPS == 1) {
@@ -329,11 +341,11 @@ struct LanesPanel {
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) sum += sm.red[buf][w][lane];
 #pragma unroll
-        for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[buf][g][lane], sum, &sm.bar[buf], q);
+        for (int q = 0; q < BLOCKS; ++q) push_peer_at(peer[q], &sm, &sm.xr[buf][g][lane], sum, &sm.bar[buf]);
         if (j / RB == g) {  // the block holding row j (a panel is never wider than its rows, so one does)
           const float p0 = sm.piv[buf][lane];
 #pragma unroll
-          for (int q = 0; q < BLOCKS; ++q) push_peer(&sm.xr[buf][BLOCKS][lane], p0, &sm.bar[buf], q);
+          for (int q = 0; q < BLOCKS; ++q) push_peer_at(peer[q], &sm, &sm.xr[buf][BLOCKS][lane], p0, &sm.bar[buf]);
         }
       }
       mbar_wait(&sm.bar[buf], (unsigned)(j >> 1) & 1u);
@@ -363,9 +375,9 @@ struct LanesPanel {
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) sigma += sm.red[buf][w][j];
         const Reflector f = make_reflector(sm.piv[buf][j], sigma);
-        const float d = fmaf(f.scale, sum, p0);  // v_j . column for lanes right of j; G[lane][j] for lanes left
+        const float d = fmaf(f.scale, sum, p0);  // v_j . column for lanes right of j; G[lane][j] / own for lanes left
         if constexpr (GRAM) {
-          if (lane < j) sm.gram[lane][j] = d;
+          if (lane < j) sm.gram[lane][j] = d * own;
         }
         if (lane == 0) sm.tau[j] = f.tau;
         const float w = right ? f.tau * d : 0.0f;
@@ -377,20 +389,19 @@ struct LanesPanel {
       ws = sm.cf[buf][0][lane];
       at = sm.cf[buf][1][lane];
       scale = sm.cf[buf][2][lane];
+      if (me) own = scale;
     } else {
       const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
       const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
       const Reflector f = make_reflector<UNROLL>(alpha, sigma);
       if constexpr (GRAM) {
         // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds
-        // v_c. (UNROLL: column c is still unscaled, so times its own scale.)
-        if (warp == 0 && lane < j) sm.gram[lane][j] = UNROLL ? fmaf(f.scale, tot, pv) * own : fmaf(f.scale, tot, pv);
+        // v_c, still unscaled below row c: times its own scale.
+        if (warp == 0 && lane < j) sm.gram[lane][j] = fmaf(f.scale, tot, pv) * own;
       }
       if (t == 0) sm.tau[j] = f.tau;
       if constexpr (BACKWARD_Q) taus[j] = f.tau;
-      if constexpr (UNROLL) {
-        if (me) own = f.scale;
-      }
+      if (me) own = f.scale;
       const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;
       scale = f.scale;
       ws = w * f.scale;
@@ -410,12 +421,12 @@ struct LanesPanel {
       }
     } else if (below_all) {
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) x[s] = me ? x[s] * scale : fmaf(-ws, v[s], x[s]);
+      for (int s = 0; s < SLOTS; ++s) x[s] = fmaf(-ws, v[s], x[s]);  // ws is 0 in lane j and left of it
     } else {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s;
-        const float below = me ? x[s] * scale : fmaf(-ws, v[s], x[s]);
+        const float below = fmaf(-ws, v[s], x[s]);
         const float here = (me || right) ? at : x[s];
         x[s] = r > j ? below : (r == j ? here : x[s]);
       }
@@ -435,6 +446,8 @@ struct LanesPanel {
     }
     if constexpr (CLUSTER) {
       cluster_exchange_init(sm.bar, t);
+#pragma unroll
+      for (int q = 0; q < BLOCKS; ++q) peer[q] = peer_address(&sm, q);
     }
     if constexpr (UNROLL) {
 #pragma unroll COLUMN_UNROLL
@@ -444,6 +457,8 @@ struct LanesPanel {
     } else {
 #pragma unroll 1
       for (int j = 0; j < NB; ++j) column(j);
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) x[s] = row0 + s > lane ? x[s] * own : x[s];
     }
     if constexpr (CLUSTER) {
       cluster_sync();  // no block leaves while another reads its shared memory; tau (and G) complete
