@@ -49,7 +49,12 @@ def test_column_loop_matches_lapack_and_gram(rows, nb):
     a = rng.standard_normal((rows, nb))
     if nb > 4:
         a[:, 3] = 0.0  # a zero column: exactly zero below the diagonal after every reflection, so tau 0
-    h, tau, gram = column_loop(a)
+    assert_lapack_and_gram(a, *column_loop(a))
+
+
+def assert_lapack_and_gram(a, h, tau, gram):
+    """H and tau are dgeqrf's, G's strictly upper triangle is VᵀV's."""
+    nb = a.shape[1]
     href, tauref, _, info = lapack.dgeqrf(a)
     assert info == 0
     scale = np.abs(a).max()
@@ -99,13 +104,4 @@ def test_lanes_columns_match_lapack_and_gram(rows, nb):
     if nb > 4:
         a[:, 3] = 0.0  # a zero column: the identity reflector (tau 0, scale 1)
         a[:, 4] *= 1e-6  # a small one: its scale far from 1, so a missing `own` shows
-    h, tau, gram = lanes_columns(a)
-    href, tauref, _, info = lapack.dgeqrf(a)
-    assert info == 0
-    scale = np.abs(a).max()
-    assert np.abs(h - href).max() <= 1e-12 * scale and np.abs(tau - tauref).max() <= 1e-12
-    v = np.tril(href, -1)
-    v[np.arange(nb), np.arange(nb)] = 1.0
-    g = v.T @ v
-    upper = np.triu_indices(nb, 1)
-    assert np.abs(gram[:, :nb][upper] - g[upper]).max(initial=0.0) <= 1e-11 * max(1.0, np.abs(g).max())
+    assert_lapack_and_gram(a, *lanes_columns(a))
