@@ -356,7 +356,7 @@ struct LanesPanel {
     }
     const bool me = lane == j;
     const bool right = lane > j && lane < NB;
-    float scale, ws, at;  // the reflector's scale; w times it (w = (v_j . column) tau); the entry in row j
+    float ws, at;  // w times the reflector's scale (w = (v_j . column) tau); the entry in row j
     if constexpr (!CLUSTER && WARPS > 1) {
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
@@ -388,8 +388,7 @@ struct LanesPanel {
       __syncthreads();
       ws = sm.cf[buf][0][lane];
       at = sm.cf[buf][1][lane];
-      scale = sm.cf[buf][2][lane];
-      if (me) own = scale;
+      if (me) own = sm.cf[buf][2][lane];
     } else {
       const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
       const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
@@ -403,7 +402,6 @@ struct LanesPanel {
       if constexpr (BACKWARD_Q) taus[j] = f.tau;
       if (me) own = f.scale;
       const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;
-      scale = f.scale;
       ws = w * f.scale;
       at = me ? f.beta : (right ? pv - w : 0.0f);
     }
