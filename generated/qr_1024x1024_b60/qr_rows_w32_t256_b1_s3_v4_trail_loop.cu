@@ -308,6 +308,30 @@ struct RowsPanel {
     }
   }
 
+  // Column j's coefficients for the update, as every thread needs them: the reflector's scale and beta, and for
+  // the q-th column after column j (0 < q < NB) f[q] = tau (v_j . that column), zero from q = nd on; from what
+  // warp 0 built (ONCE), else built here from the sums and the pivot row at sm.piv[j & 1][p0] (tau stored by
+  // thread 0).
+  __device__ __forceinline__ void coefficients(const int j, const int p0, const int nd, float (&f)[NB], float& scale,
+                                               float& beta) {
+    if constexpr (ONCE) {
+      const float* cf = sm.cf[j & 1];
+      scale = cf[0];
+      beta = cf[32];
+#pragma unroll
+      for (int q = 1; q < NB; ++q) f[q] = cf[q];
+    } else {
+      const float* tot = sm.tot[j & 1];
+      const float* piv = sm.piv[j & 1];
+      const Reflector r = make_reflector(piv[p0], tot[0]);
+      if (t == 0) sm.tau[j] = r.tau;
+      scale = r.scale;
+      beta = r.beta;
+#pragma unroll
+      for (int q = 1; q < NB; ++q) f[q] = q < nd ? r.tau * fmaf(r.scale, tot[q], piv[p0 + q]) : 0.0f;
+    }
+  }
+
   // Sums NV values per thread over the block (and over the matrix's blocks) for column j; the sums land in
   // sm.tot[j & 1], and block 0's pivot row entries sm.piv[j & 1][p0 .. p0 + ND) reach the other blocks. Totals
   // and pivot row alternate by column, so a column needs no barrier at its end: a thread rewrites them for
@@ -446,23 +470,8 @@ struct RowsPanel {
       if (t < NG) sm.gram[t][J - 1] = sm.tot[J & 1][ND + t];
     }
     if constexpr (J < NB) {
-      float fk[NB], scale, beta;
-      if constexpr (ONCE) {
-        const float* cf = sm.cf[J & 1];
-        scale = cf[0];
-        beta = cf[32];
-#pragma unroll
-        for (int k = J + 1; k < NB; ++k) fk[k] = cf[k - J];
-      } else {
-        const float* tot = sm.tot[J & 1];
-        const float* piv = sm.piv[J & 1];
-        const Reflector f = make_reflector(piv[J], tot[0]);
-        if (t == 0) sm.tau[J] = f.tau;
-        scale = f.scale;
-        beta = f.beta;
-#pragma unroll
-        for (int k = J + 1; k < NB; ++k) fk[k] = f.tau * fmaf(f.scale, tot[k - J], piv[k]);
-      }
+      float fq[NB], scale, beta;  // fq[k - J]: column k's coefficient
+      coefficients(J, J, ND, fq, scale, beta);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s * THREADS;
@@ -470,11 +479,11 @@ struct RowsPanel {
           const float vr = x[s][J] * scale;
           x[s][J] = vr;
 #pragma unroll
-          for (int k = J + 1; k < NB; ++k) x[s][k] = fmaf(-fk[k], vr, x[s][k]);
+          for (int k = J + 1; k < NB; ++k) x[s][k] = fmaf(-fq[k - J], vr, x[s][k]);
         } else if (r == J) {
           x[s][J] = beta;
 #pragma unroll
-          for (int k = J + 1; k < NB; ++k) x[s][k] -= fk[k];
+          for (int k = J + 1; k < NB; ++k) x[s][k] -= fq[k - J];
         }
       }
     }
@@ -531,22 +540,7 @@ struct RowsPanel {
       if (j == NB) return;  // the Gram entries of the last reflector only
     }
     float fk[NB], scale, beta;
-    if constexpr (ONCE) {
-      const float* cf = sm.cf[j & 1];
-      scale = cf[0];
-      beta = cf[32];
-#pragma unroll
-      for (int p = 1; p < NB; ++p) fk[p] = cf[p];
-    } else {
-      const float* tot = sm.tot[j & 1];
-      const float* piv = sm.piv[j & 1];
-      const Reflector f = make_reflector(piv[0], tot[0]);
-      if (t == 0) sm.tau[j] = f.tau;
-      scale = f.scale;
-      beta = f.beta;
-#pragma unroll
-      for (int p = 1; p < NB; ++p) fk[p] = p < NB - j ? f.tau * fmaf(f.scale, tot[p], piv[p]) : 0.0f;
-    }
+    coefficients(j, 0, NB - j, fk, scale, beta);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s * THREADS;
