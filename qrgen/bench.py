@@ -25,8 +25,10 @@ class Timing:
     factor: float
     orthogonality: float
     passed: bool
-    mixed_us: float | None = None  # the same call on a batch of every stress family at random positions
     graph_us: float | None = None  # the same call captured once in a CUDA graph and replayed (no Python per call)
+    # The same call on batches of hostile matrices, by name: "mixed" (every stress family at random positions) or
+    # one family of qrgen.testing (all matrices of it), with their µs.
+    hostile: tuple[tuple[str, float], ...] = ()
 
     @property
     def speedup(self) -> float | None:
@@ -113,13 +115,14 @@ def back_to_back_us(fn, calls: int = 100, rounds: int = 5) -> float:
 
 
 def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True, torch_reps: int = 5,
-             seed: int = 0, with_mixed: bool = False) -> Timing:
-    """Time qrgen.geqrf (CuPy arrays) and torch.geqrf (on the same stream, same inputs) and check the gates."""
+             seed: int = 0, hostile: tuple[str, ...] = ()) -> Timing:
+    """Time qrgen.geqrf (CuPy arrays) and torch.geqrf (on the same stream, same inputs) and check the gates.
+    hostile: also time batches of these: "mixed" (every stress family at random positions) or a family's name."""
     import cupy
 
     from .check import check
     from .runtime import geqrf
-    from .testing import mixed
+    from .testing import mixed, stress
 
     rng = np.random.default_rng(seed)
     sets = max(2, min(4, (1 << 30) // max(1, batch * m * n * 4)))
@@ -134,11 +137,12 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
 
         print(f"graph capture of {batch}x{m}x{n} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         graph_us = None
-    mixed_us = None
-    if with_mixed:  # no structure is detected: a hostile batch must cost what a dense one does
-        hostile = [cupy.asarray(mixed(m, n, batch, seed=seed + 10 + i)[0]) for i in range(2)]
-        mixed_us = median_time_us(geqrf, hostile, reps)
-        del hostile
+    hostile_us = []
+    for name in hostile:  # no structure is detected: a hostile batch must cost what a dense one does
+        sets = [cupy.asarray(mixed(m, n, batch, seed=seed + 10 + i)[0] if name == "mixed"
+                             else stress(name, m, n, batch, seed=seed + 10 + i)) for i in range(2)]
+        hostile_us.append((name, median_time_us(geqrf, sets, reps)))
+        del sets
     torch_us = None
     if with_torch:
         import torch
@@ -151,27 +155,27 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     h, tau = geqrf(cupy.asarray(a))
     result = check(a, h, tau)
     f, o = result.worst()
-    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok, mixed_us, graph_us)
+    return Timing(batch, m, n, qrgen_us, torch_us, f, o, result.ok, graph_us, tuple(hostile_us))
 
 
 def table(rows: list[Timing]) -> str:
-    mixed = any(r.mixed_us is not None for r in rows)
     graph = any(r.graph_us is not None for r in rows)
+    names = list(dict.fromkeys(name for r in rows for name, _ in r.hostile))  # hostile batches, in first-seen order
     lines = ["| batch x shape | qrgen µs |" + (" graph replay µs |" if graph else "")
-             + (" mixed batch µs |" if mixed else "")
+             + "".join(f" {name} batch µs |" for name in names)
              + " torch.geqrf µs | speed-up | factor | orthogonality | gates |",
-             "|---|---:|" + ("---:|" if graph else "") + ("---:|" if mixed else "") + "---:|---:|---:|---:|---|"]
+             "|---|---:|" + ("---:|" if graph else "") + "---:|" * len(names) + "---:|---:|---:|---:|---|"]
     for r in rows:
         shape = f"{r.m}²" if r.m == r.n else f"{r.m}x{r.n}"
         torch_us = "—" if r.torch_us is None else f"{r.torch_us:,.0f}"
         speed = "—" if r.speedup is None else f"{r.speedup:.1f}x"
-        mixed_cell = ""
-        if mixed:
-            mixed_cell = " — |" if r.mixed_us is None else f" {r.mixed_us:,.1f} ({r.mixed_us / r.qrgen_us - 1:+.0%}) |"
         graph_cell = ""
         if graph:
             graph_cell = " — |" if r.graph_us is None else f" {r.graph_us:,.1f} |"
-        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{graph_cell}{mixed_cell} {torch_us} | {speed} | "
+        times = dict(r.hostile)
+        hostile_cells = "".join(" — |" if name not in times else
+                                f" {times[name]:,.1f} ({times[name] / r.qrgen_us - 1:+.0%}) |" for name in names)
+        lines.append(f"| {r.batch} x {shape} | {r.qrgen_us:,.1f} |{graph_cell}{hostile_cells} {torch_us} | {speed} | "
                      f"{r.factor:.2f} | "
                      f"{r.orthogonality:.2f} | {'pass' if r.passed else 'FAIL'} |")
     return "\n".join(lines)
@@ -179,9 +183,103 @@ def table(rows: list[Timing]) -> str:
 
 def gemm_flops(fac, batch: int) -> float:
     """Floating-point operations of the trailing-update products (project and update) of one call."""
-    total = sum(4.0 * L.rows * L.width * L.nc for L in fac.launches)
-    total += sum(4.0 * a.rows * (a.a1 - a.a0) * a.nc for a in fac.aggregates)
-    return total * batch
+    return sum(w.flops for w in stage_work(fac, batch) if w.stage in ("own products", "aggregates' products"))
+
+
+# The H200's ceilings as measured on the lent machine (../shared/gpu/README.md): FLOP/s of 8192³ products through
+# PyTorch by input precision (tf32x3 is three tf32 products), and bytes/s of a device-to-device copy, read plus
+# written.
+CEILING_FLOPS = {"fp32": 51e12, "tf32": 400e12, "tf32x3": 400e12 / 3, "bf16": 750e12, "fp16": 750e12}
+CEILING_BYTES = 4.2e12
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """What one stage of a factorization must do at the least, for all matrices of a call: floating-point
+    operations by input precision, and bytes read plus written in global memory (each operand once per product,
+    as the schedule's launches are split: a fused panel product reads C once, cuBLAS's two read it twice)."""
+
+    stage: str
+    flops_by: tuple[tuple[str, float], ...]
+    bytes: float
+
+    @property
+    def flops(self) -> float:
+        return sum(f for _, f in self.flops_by)
+
+    @property
+    def arithmetic_us(self) -> float:
+        """The stage's time at the measured product ceilings (no latency, every SM busy)."""
+        return 1e6 * sum(f / CEILING_FLOPS[p] for p, f in self.flops_by)
+
+    @property
+    def memory_us(self) -> float:
+        """The stage's time at the measured copy bandwidth."""
+        return 1e6 * self.bytes / CEILING_BYTES
+
+
+def _householder_flops(rows: int, width: int) -> float:
+    """Unblocked Householder QR of rows x width: a dot and an update of every column right of column j, over rows
+    j and below (2 m w² - 2 w³ / 3 for large sizes)."""
+    return float(sum(4 * (rows - j) * (width - j) for j in range(min(rows, width))))
+
+
+def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
+    """The floors of each stage of fac's launch sequence (qrgen.runtime.drive) for a call on `batch` matrices:
+    the panel kernels (Householder on their columns; where they write V^T and (V T)^T also G = V^T V and V T,
+    on fp32 cores), the panels' own products and the aggregates' products (W = Z^T C, C -= V W in the schedule's
+    precisions; a panel's own in fp32 unless they go through cuBLAS), the aggregates' merge (G = V^T V, T, (V T)^T)
+    and the power-of-two scaling where the schedule has it."""
+    prec, f = fac.schedule.precision, 4.0 * batch  # f: bytes of a float, times the matrices
+    panel_flops = panel_bytes = 0.0
+    own: dict[str, float] = {}
+    own_bytes = 0.0
+    fused = fac.schedule.panel_update != "cublas"
+    for L in fac.launches:
+        r, w = L.rows, L.width
+        panel_flops += _householder_flops(r, w) + (4.0 * r * w * w if L.trail else 0.0)
+        panel_bytes += f * r * w * (4 if L.trail else 2)  # the panel read and written, V^T and (V T)^T written
+        if L.nc:
+            for p in (("fp32", "fp32") if fused else (prec.project, prec.update)):
+                own[p] = own.get(p, 0.0) + 2.0 * r * w * L.nc
+            own_bytes += f * (r * L.nc * (2 if fused else 3) + 2 * r * w + (0 if fused else 2 * w * L.nc))
+    merge3 = prec.update == "tf32x3"
+    gram = "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram
+    agg: dict[str, float] = {}
+    merge: dict[str, float] = {}
+    agg_bytes = merge_bytes = 0.0
+    for a in fac.aggregates:
+        if not a.nc:  # (the last aggregate: nothing to its right, so no merge)
+            continue
+        width, r = a.a1 - a.a0, a.rows
+        merge[gram] = merge.get(gram, 0.0) + 2.0 * r * width * width
+        vt = "tf32x3" if merge3 else "fp32"
+        merge[vt] = merge.get(vt, 0.0) + 2.0 * r * width * width
+        merge["fp32"] = merge.get("fp32", 0.0) + width ** 3 / 3.0  # T from G and tau
+        merge_bytes += f * (3 * r * width + 2 * width * width)
+        for p in (prec.project, prec.update):
+            agg[p] = agg.get(p, 0.0) + 2.0 * r * width * a.nc
+        agg_bytes += f * (3 * r * a.nc + 2 * r * width + 2 * width * a.nc)
+
+    def work(stage, flops, nbytes):
+        return StageWork(stage, tuple((p, v * batch) for p, v in sorted(flops.items())), nbytes)
+
+    stages = [work("panels", {"fp32": panel_flops}, panel_bytes), work("own products", own, own_bytes),
+              work("aggregates' products", agg, agg_bytes), work("merge", merge, merge_bytes)]
+    if fac.schedule.scaled:  # the largest magnitude read, the copy scaled, R scaled back
+        stages.append(work("scaling", {}, f * fac.m * fac.n * 4))
+    return tuple(s for s in stages if s.flops or s.bytes)
+
+
+def floors_text(fac, batch: int) -> str:
+    """stage_work as lines of the profile: each stage's arithmetic and memory floors."""
+    lines = ["  floors at the H200's measured ceilings (fp32 51, tf32 400, fp16 750 TFLOP/s; 4.2 TB/s):"]
+    for w in stage_work(fac, batch):
+        kinds = ", ".join(p for p, _ in w.flops_by) or "none"
+        lines.append(f"    {w.stage}: {w.flops / 1e9:.3g} GFLOP ({kinds}) {w.arithmetic_us:,.1f} µs; "
+                     f"{w.bytes / 1e6:.3g} MB {w.memory_us:,.1f} µs")
+    lines.append(f"    panels: {fac.k} columns one after another, each a reduction over the panel's rows")
+    return "\n".join(lines)
 
 
 def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=None) -> str:
@@ -226,6 +324,7 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=
         merges = sum(1 for a in fac.aggregates if a.nc > 0)
         lines.append(f"  aggregates' merge {max(0.0, full - no_merge):,.1f} µs over {merges} aggregates "
                      f"(each stage left out alone: {parts} µs)")
+    lines.append(floors_text(fac, batch))
     return "\n".join(lines)
 
 

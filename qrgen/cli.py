@@ -7,6 +7,7 @@ from pathlib import Path
 
 from . import __version__
 from .problem import Problem, Target, parse_shape
+from .testing import FAMILIES
 
 
 def _default_arch() -> str:
@@ -109,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-torch", action="store_true", help="do not time torch.geqrf")
     s.add_argument("--mixed", action="store_true",
                    help="also time a batch of every stress family at random positions (should cost what a dense one does)")
+    s.add_argument("--family", action="append", default=[], choices=FAMILIES, metavar="FAMILY",
+                   help="also time a batch of this stress family alone (repeatable; one of "
+                        f"{', '.join(FAMILIES)}), e.g. rankdef")
     s.add_argument("--profile", action="store_true",
                    help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs and of "
                         "them the panels' own products, the "
@@ -161,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         rows = []
         for batch, m, n in cases:
-            row = run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch, with_mixed=args.mixed)
+            row = run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch,
+                           hostile=(("mixed",) if args.mixed else ()) + tuple(args.family))
             torch_us = "—" if row.torch_us is None else f"{row.torch_us:,.0f} µs"
             print(f"{batch} x {m}x{n}: qrgen {row.qrgen_us:,.1f} µs, torch.geqrf {torch_us}, "
                   f"gates {'pass' if row.passed else 'FAIL'}", flush=True)
