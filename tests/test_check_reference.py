@@ -25,6 +25,19 @@ def test_check_passes_lapack_and_fails_a_wrong_factorization():
     assert list(check(a, nan, tau).passed) == [True, True, False]
 
 
+def test_check_fails_a_wrong_factorization_of_a_zero_matrix_quietly():
+    # ||A|| = 0: any nonzero R - Q^T A gives an infinite scaled residual, a failure, and no overflow warning
+    import warnings
+
+    a = np.zeros((2, 6, 4), dtype=np.float32)
+    h, tau = np.zeros_like(a), np.zeros((2, 4), dtype=np.float32)
+    h[1, 0, 2] = 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = check(a, h, tau, device="cpu")
+    assert result.passed.tolist() == [True, False] and np.isinf(result.factor[1])
+
+
 def test_reference_matches_lapack():
     a = stress("random", 70, 50, 2, seed=2).astype(np.float64)
     h, tau = reference.geqrf(a, Schedule(70, 50, (Panel(16, "rows", 64), Panel(32, "rows", 64), Panel(2, "warp", 32))))

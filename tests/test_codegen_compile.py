@@ -434,3 +434,23 @@ def test_packed_launch_arguments_match_the_kernels_signatures():
             assert _signature(rendered.source, rendered.name) == expected[variant], rendered.name
             seen.add(variant)
     assert seen == set(expected)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("rows,slots,blocks", [(176, 8, 1), (2048, 16, 8)])
+def test_lanes_phases_script_instruments_the_current_template(rows, slots, blocks):
+    # scripts/lanes_phases.py patches the rendered lanes kernel at its phase boundaries: every anchor must still be
+    # there (it raises otherwise) and the instrumented kernel must compile.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lanes_phases", ROOT / "scripts" / "lanes_phases.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    schedule, panel, kernel = script.panel_kernel(rows, slots, blocks)
+    assert panel.blocks == blocks
+    source = script.instrument(codegen.render(schedule, kernel, "sm_90").source, 32, 4 * blocks)
+    assert source.count("= clock64();") == 10  # start, dots, three marks on each exchange path, update, loop end
+    (binary,) = qcompile.compile_many([(kernel.name + "_phases", source)], "sm_90", use_cache=False)
+    assert binary.spill_bytes == 0
+    with pytest.raises(ValueError, match="template changed"):
+        script.instrument("no kernel here", 32, 1)

@@ -1,0 +1,120 @@
+"""Where a lanes panel's column spends its cycles, phase by phase (needs a CUDA GPU).
+
+    python scripts/lanes_phases.py BATCH,ROWS,SLOTS,BLOCKS ...     e.g. 40,176,8,1  8,2048,16,8
+
+One 32-wide lanes panel (templates/cuda/panel_lanes.cuh.j2, about SLOTS rows a warp, on BLOCKS blocks: a cluster
+when BLOCKS > 1) is rendered, `clock64()` stored at each phase boundary of every column by lane 0 of warp 0 and of
+the last warp of every block, run on BATCH random matrices of ROWS rows, and the medians over columns 2-29 and all
+blocks printed in cycles. Phases of a column on one block: the dots (shuffles and FMAs), the partial dots to shared
+memory and the first barrier, warp 0's sums, reflector and coefficients, the second barrier, the coefficients read
+back, the update (to the next column's start). On a cluster: the dots, the barrier, warp 0's pushes of the block's
+sums to every block, the wait on the block's mbarrier, every warp's sum of the blocks' sums and the reflector, the
+update. A phase's cycles include waiting for other warps (the SM's issue slots are shared), and the stores of the
+clocks cost the kernel some time of their own (its event time is printed).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+MARKS = 6  # clock slots a column: 0 start, 1 after the dots, 2-4 the exchange, 5 before the update
+PHASES = {False: ("dots", "sums to shared + barrier", "warp 0: sums, reflector, coefficients", "second barrier",
+                  "coefficients read", "update"),
+          True: ("dots", "sums to shared + barrier", "warp 0: pushes", "mbarrier wait",
+                 "sums of the blocks + reflector", "update")}
+
+
+def instrument(source: str, columns: int, blocks: int) -> str:
+    """The rendered kernel with clock64() stores at the phase boundaries into a __device__ array qr_phase_clock of
+    blocks x 2 (warp 0, last warp) x (columns + 1) x MARKS entries (column `columns` holds the loop's end)."""
+    def sub(old, new, count=1):
+        nonlocal source
+        if source.count(old) < count:
+            raise ValueError(f"the lanes template changed: {old[:60]!r}... not found {count} time(s)")
+        source = source.replace(old, new, count)
+
+    def mark(slot):
+        return (f"if (t == 0 || t == THREADS - 32) qr_phase_clock[((blockIdx.x * 2 + (t != 0)) * (NB + 1) + "
+                f"(QR_PHASE_COLUMN)) * {MARKS} + {slot}] = clock64();")
+
+    head = "template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>\nstruct LanesPanel"
+    sub(head, f"__device__ long long qr_phase_clock[{blocks} * 2 * {columns + 1} * {MARKS}];\n" + head)
+    sub("  __device__ __forceinline__ void column(int j) {",
+        "  __device__ __forceinline__ void column(int j) {\n#define QR_PHASE_COLUMN j\n" + mark(0))
+    sub("    float tot = (p[0] + p[1]) + (p[2] + p[3]);\n", "    float tot = (p[0] + p[1]) + (p[2] + p[3]);\n" + mark(1) + "\n")
+    # a cluster: after the block's barrier, around the mbarrier wait
+    sub("      __syncthreads();\n      if (t == 0) mbar_arrive_expect", "      __syncthreads();\n" + mark(2) + "\n      if (t == 0) mbar_arrive_expect")
+    sub("      mbar_wait(&sm.bar[buf], (unsigned)(j >> 1) & 1u);",
+        mark(3) + "\n      mbar_wait(&sm.bar[buf], (unsigned)(j >> 1) & 1u);\n" + mark(4))
+    # one block: after the first barrier, around the second
+    sub("      __syncthreads();\n      \n      if (warp == 0) {", "      __syncthreads();\n" + mark(2) + "\n      if (warp == 0) {")
+    sub("      }\n      __syncthreads();\n      ws = sm.cf[buf][0][lane];",
+        "      }\n" + mark(3) + "\n      __syncthreads();\n" + mark(4) + "\n      ws = sm.cf[buf][0][lane];")
+    sub("    // Selects, not branches", mark(5) + "\n    // Selects, not branches")
+    sub("#pragma unroll 1\n      for (int j = 0; j < NB; ++j) column(j);\n",
+        "#pragma unroll 1\n      for (int j = 0; j < NB; ++j) column(j);\n#undef QR_PHASE_COLUMN\n#define QR_PHASE_COLUMN NB\n"
+        + mark(0) + "\n")
+    return source
+
+
+def panel_kernel(rows: int, slots: int, blocks: int):
+    """The schedule of one 32-wide lanes panel and its kernel spec."""
+    from qrgen import codegen
+    from qrgen.schedule import Precision, Schedule, lanes_panel
+
+    panel = lanes_panel(rows, 32, slots, blocks)
+    if panel is None or panel.threads == 32 and blocks == 1:
+        raise SystemExit(f"no lanes panel of several warps for {rows} rows, {slots} rows a warp, {blocks} blocks")
+    schedule = Schedule(rows, 32, (panel,), Precision())
+    kernels, _ = codegen.plan(schedule)
+    return schedule, panel, kernels[0]
+
+
+def phases(case: str) -> str:
+    import cupy
+
+    from qrgen import codegen
+
+    batch, rows, slots, blocks = (int(v) for v in case.split(","))
+    schedule, panel, kernel = panel_kernel(rows, slots, blocks)
+    source = instrument(codegen.render(schedule, kernel, "sm_90").source, 32, batch * panel.blocks)
+    module = cupy.RawModule(code=source, options=("-std=c++17",))
+    fn = module.get_function(kernel.name)
+    cupy.cuda.driver.funcSetAttribute(fn.kernel.ptr, 14, 1)  # non-portable cluster sizes (16)
+    a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, rows, 32), dtype=np.float32))
+    h, tau = a.copy(), cupy.empty((batch, 32), cupy.float32)
+    unused, flags = cupy.zeros(16, cupy.float32), cupy.zeros(batch, cupy.uint32)
+    args = (h, h, tau, unused, unused, unused, flags, np.uint32(0), np.int32(0), np.int32(rows), np.int32(rows),
+            np.int64(0))
+    start, stop, times = cupy.cuda.Event(), cupy.cuda.Event(), []
+    for i in range(13):
+        h[...] = a
+        start.record()
+        fn((batch * panel.blocks,), (panel.threads,), args)
+        stop.record()
+        stop.synchronize()
+        if i >= 3:
+            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+    count = batch * panel.blocks * 2 * 33 * MARKS
+    clocks = cupy.asnumpy(cupy.ndarray((count,), cupy.int64, memptr=module.get_global("qr_phase_clock")))
+    clocks = clocks.reshape(batch * panel.blocks, 2, 33, MARKS)
+    lines = [f"{case}: {panel.threads} threads x {panel.blocks} block(s), kernel {np.median(times):.1f} µs (events, "
+             f"clocks stored)"]
+    names = PHASES[panel.blocks > 1]
+    for who, label in ((0, "warp 0"), (1, "last warp")):
+        following = clocks[:, who, 1:33, 0]  # the next column's start (column 32: the loop's end)
+        bounds = np.concatenate([clocks[:, who, :32, :], following[..., None]], axis=-1)
+        step = np.diff(bounds, axis=-1)  # (blocks, columns, phases)
+        med = np.median(step[:, 2:30, :].reshape(-1, MARKS), axis=0)
+        total = np.median((following - clocks[:, who, :32, 0])[:, 2:30])
+        lines.append(f"  {label}: a column {total:,.0f} cycles: "
+                     + ", ".join(f"{n} {v:,.0f}" for n, v in zip(names, med)))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    for case in sys.argv[1:]:
+        print(phases(case), flush=True)
