@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .codegen import gemm3_kinds
 from .replay import end_capture
 
 REFERENCE_CASES = ((20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (60, 1024, 1024),
@@ -139,10 +140,10 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
         graph_us = None
     hostile_us = []
     for name in hostile:  # no structure is detected: a hostile batch must cost what a dense one does
-        sets = [cupy.asarray(mixed(m, n, batch, seed=seed + 10 + i)[0] if name == "mixed"
-                             else stress(name, m, n, batch, seed=seed + 10 + i)) for i in range(2)]
-        hostile_us.append((name, median_time_us(geqrf, sets, reps)))
-        del sets
+        batches = [cupy.asarray(mixed(m, n, batch, seed=seed + 10 + i)[0] if name == "mixed"
+                                else stress(name, m, n, batch, seed=seed + 10 + i)) for i in range(2)]
+        hostile_us.append((name, median_time_us(geqrf, batches, reps)))
+        del batches
     torch_us = None
     if with_torch:
         import torch
@@ -228,8 +229,10 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
     """The floors of each stage of fac's launch sequence (qrgen.runtime.drive) for a call on `batch` matrices:
     the panel kernels (Householder on their columns; where they write V^T and (V T)^T also G = V^T V and V T,
     on fp32 cores), the panels' own products and the aggregates' products (W = Z^T C, C -= V W in the schedule's
-    precisions; a panel's own in fp32 unless they go through cuBLAS), the aggregates' merge (G = V^T V, T, (V T)^T)
-    and the power-of-two scaling where the schedule has it."""
+    precisions; a panel's own in fp32 unless they go through cuBLAS), the aggregates' merge (G = V^T V, T, (V T)^T;
+    an fp32 G in tf32x3 where the gram kernel may take it) and the power-of-two scaling where the schedule has it.
+    Symmetric G and triangular T count half the operations of a full product: what the stage must do, not what
+    its kernels do."""
     prec, f = fac.schedule.precision, 4.0 * batch  # f: bytes of a float, times the matrices
     panel_flops = panel_bytes = 0.0
     own: dict[str, float] = {}
@@ -237,14 +240,14 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
     fused = fac.schedule.panel_update != "cublas"
     for L in fac.launches:
         r, w = L.rows, L.width
-        panel_flops += _householder_flops(r, w) + (4.0 * r * w * w if L.trail else 0.0)
+        panel_flops += _householder_flops(r, w) + (2.0 * r * w * w if L.trail else 0.0)  # G's half, V T
         panel_bytes += f * r * w * (4 if L.trail else 2)  # the panel read and written, V^T and (V T)^T written
         if L.nc:
             for p in (("fp32", "fp32") if fused else (prec.project, prec.update)):
                 own[p] = own.get(p, 0.0) + 2.0 * r * w * L.nc
             own_bytes += f * (r * L.nc * (2 if fused else 3) + 2 * r * w + (0 if fused else 2 * w * L.nc))
     merge3 = prec.update == "tf32x3"
-    gram = "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram
+    gram = "tf32x3" if prec.gram == "fp32" and (merge3 or "gram" in gemm3_kinds(fac.schedule)) else prec.gram
     agg: dict[str, float] = {}
     merge: dict[str, float] = {}
     agg_bytes = merge_bytes = 0.0
@@ -252,9 +255,9 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
         if not a.nc:  # (the last aggregate: nothing to its right, so no merge)
             continue
         width, r = a.a1 - a.a0, a.rows
-        merge[gram] = merge.get(gram, 0.0) + 2.0 * r * width * width
+        merge[gram] = merge.get(gram, 0.0) + 1.0 * r * width * width  # G's upper half
         vt = "tf32x3" if merge3 else "fp32"
-        merge[vt] = merge.get(vt, 0.0) + 2.0 * r * width * width
+        merge[vt] = merge.get(vt, 0.0) + 1.0 * r * width * width  # (V T)^T, T triangular
         merge["fp32"] = merge.get("fp32", 0.0) + width ** 3 / 3.0  # T from G and tau
         merge_bytes += f * (3 * r * width + 2 * width * width)
         for p in (prec.project, prec.update):
