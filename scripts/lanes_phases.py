@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+WIDTH = 32  # the panel's columns
 MARKS = 6  # clock slots a column: 0 start, 1 after the dots, 2-4 the exchange, 5 before the update
 PHASES = {False: ("dots", "sums to shared + barrier", "warp 0: sums, reflector, coefficients", "second barrier",
                   "coefficients read", "update"),
@@ -63,10 +64,10 @@ def panel_kernel(rows: int, slots: int, blocks: int):
     from qrgen import codegen
     from qrgen.schedule import Precision, Schedule, lanes_panel
 
-    panel = lanes_panel(rows, 32, slots, blocks)
+    panel = lanes_panel(rows, WIDTH, slots, blocks)
     if panel is None or panel.threads == 32 and blocks == 1:
         raise SystemExit(f"no lanes panel of several warps for {rows} rows, {slots} rows a warp, {blocks} blocks")
-    schedule = Schedule(rows, 32, (panel,), Precision())
+    schedule = Schedule(rows, WIDTH, (panel,), Precision())
     kernels, _ = codegen.plan(schedule)
     return schedule, panel, kernels[0]
 
@@ -75,15 +76,17 @@ def phases(case: str) -> str:
     import cupy
 
     from qrgen import codegen
+    from qrgen.runtime import CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, device_arch
 
     batch, rows, slots, blocks = (int(v) for v in case.split(","))
     schedule, panel, kernel = panel_kernel(rows, slots, blocks)
-    source = instrument(codegen.render(schedule, kernel, "sm_90").source, 32, batch * panel.blocks)
-    module = cupy.RawModule(code=source, options=("-std=c++17",))
+    arch = device_arch(cupy.cuda.Device().id)
+    source = instrument(codegen.render(schedule, kernel, arch).source, WIDTH, batch * panel.blocks)
+    module = cupy.RawModule(code=source, options=("-std=c++17",))  # CuPy compiles for the current device
     fn = module.get_function(kernel.name)
-    cupy.cuda.driver.funcSetAttribute(fn.kernel.ptr, 14, 1)  # non-portable cluster sizes (16)
-    a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, rows, 32), dtype=np.float32))
-    h, tau = a.copy(), cupy.empty((batch, 32), cupy.float32)
+    cupy.cuda.driver.funcSetAttribute(fn.kernel.ptr, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, rows, WIDTH), dtype=np.float32))
+    h, tau = a.copy(), cupy.empty((batch, WIDTH), cupy.float32)
     unused, flags = cupy.zeros(16, cupy.float32), cupy.zeros(batch, cupy.uint32)
     args = (h, h, tau, unused, unused, unused, flags, np.uint32(0), np.int32(0), np.int32(rows), np.int32(rows),
             np.int64(0))
@@ -96,18 +99,18 @@ def phases(case: str) -> str:
         stop.synchronize()
         if i >= 3:
             times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
-    count = batch * panel.blocks * 2 * 33 * MARKS
-    clocks = cupy.asnumpy(cupy.ndarray((count,), cupy.int64, memptr=module.get_global("qr_phase_clock")))
-    clocks = clocks.reshape(batch * panel.blocks, 2, 33, MARKS)
+    shape = (batch * panel.blocks, 2, WIDTH + 1, MARKS)
+    clocks = cupy.asnumpy(cupy.ndarray((int(np.prod(shape)),), cupy.int64,
+                                       memptr=module.get_global("qr_phase_clock"))).reshape(shape)
     lines = [f"{case}: {panel.threads} threads x {panel.blocks} block(s), kernel {np.median(times):.1f} µs (events, "
              f"clocks stored)"]
     names = PHASES[panel.blocks > 1]
     for who, label in ((0, "warp 0"), (1, "last warp")):
-        following = clocks[:, who, 1:33, 0]  # the next column's start (column 32: the loop's end)
-        bounds = np.concatenate([clocks[:, who, :32, :], following[..., None]], axis=-1)
+        following = clocks[:, who, 1:, 0]  # the next column's start (the last entry: the loop's end)
+        bounds = np.concatenate([clocks[:, who, :WIDTH, :], following[..., None]], axis=-1)
         step = np.diff(bounds, axis=-1)  # (blocks, columns, phases)
-        med = np.median(step[:, 2:30, :].reshape(-1, MARKS), axis=0)
-        total = np.median((following - clocks[:, who, :32, 0])[:, 2:30])
+        med = np.median(step[:, 2:WIDTH - 2, :].reshape(-1, MARKS), axis=0)
+        total = np.median((following - clocks[:, who, :WIDTH, 0])[:, 2:WIDTH - 2])
         lines.append(f"  {label}: a column {total:,.0f} cycles: "
                      + ", ".join(f"{n} {v:,.0f}" for n, v in zip(names, med)))
     return "\n".join(lines)
