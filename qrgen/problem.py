@@ -1,12 +1,10 @@
-"""What is factored (Problem) and what it is compiled for (Target)."""
+"""What is factored: a batch of matrices of one shape (Problem), and the one syntax for shapes and cases."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
 DTYPES = ("float32",)
-BACKENDS = ("cuda",)
-_ARCH = re.compile(r"^sm_\d{2,3}a?$")
 
 
 @dataclass(frozen=True)
@@ -36,27 +34,17 @@ class Problem:
         return f"{self.m}x{self.n}_b{self.batch}"
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where kernels run: a backend and an architecture such as sm_90."""
-
-    backend: str = "cuda"
-    arch: str = "sm_90"
-
-    def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"Target.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if not _ARCH.match(self.arch):
-            raise ValueError(f"Target.arch must look like 'sm_90', got {self.arch!r}")
-
-    @property
-    def sm(self) -> int:
-        return int(self.arch[3:].rstrip("a"))
-
-
 def parse_shape(text: str) -> tuple[int, int]:
     """'1024x512' -> (1024, 512), with an error that says what is accepted."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
         raise ValueError(f"shape must be MxN with positive integers, such as 1024x1024; got {text!r}")
     return int(match.group(1)), int(match.group(2))
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+    """'60x1024x1024' -> (batch, m, n) = (60, 1024, 1024): the one case syntax of the CLI and the tools."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or min(int(g) for g in match.groups()) < 1:
+        raise ValueError(f"a case must be BATCHxMxN with positive integers, such as 60x1024x1024; got {text!r}")
+    return tuple(int(g) for g in match.groups())

@@ -1,0 +1,33 @@
+"""Where qrgen's files live: package data (templates, shipped schedules) and the user's data (kernel cache).
+
+Every path qrgen reads or writes is decided here. QRGEN_CACHE_DIR overrides the kernel cache's folder."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def template_dir() -> Path:
+    """The templates/ folder of the checkout qrgen runs from."""
+    return _ROOT / "templates"
+
+
+def schedule_dir() -> Path:
+    """The shipped schedules (schedules/<arch>/<m>x<n>_b<batch>.json)."""
+    return _ROOT / "schedules"
+
+
+def generated_dir() -> Path:
+    """Where `qrgen build` writes modules by default."""
+    return _ROOT / "generated"
+
+
+def cache_dir() -> Path:
+    """The compiled-kernel cache: QRGEN_CACHE_DIR, else the user's cache folder."""
+    env = os.environ.get("QRGEN_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "qrgen"

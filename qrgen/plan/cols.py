@@ -1,0 +1,71 @@
+"""Panel family "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
+turn as producer of those reflectors, published to shared memory under one mbarrier each
+(templates/cuda/panel_cols.cuh)."""
+from __future__ import annotations
+
+import math
+
+from ..targets import MBARRIER
+from . import family
+from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
+
+VARIANT = "cols"
+LOOP = False
+CLUSTER = False
+REG_OVERHEAD = 32
+SLICES = (2, 4, 8)
+
+
+def check(panel) -> None:
+    if panel.slice not in SLICES:
+        raise ValueError(f"Panel.slice must be one of {SLICES} for variant 'cols', got {panel.slice!r}")
+    if panel.blocks != 1:
+        raise ValueError("Panel variant 'cols' takes blocks=1")
+    threads = 32 * math.ceil(panel.width / panel.slice)
+    if panel.threads != threads or panel.threads > 1024:
+        raise ValueError(f"Panel.threads must be 32 * ceil(width / slice) = {threads} (at most 1024) for variant "
+                         f"'cols', got {panel.threads}")
+    family.check_no(panel, "tile")
+
+
+def slots(panel, rows: int) -> int:
+    return math.ceil(rows / 32)
+
+
+def registers(panel, rows: int) -> int:
+    return slots(panel, rows) * (panel.slice + 1) + panel.slice + REG_OVERHEAD
+
+
+def shared_bytes_of(width: int, slots_: int, trail: bool) -> int:
+    """Every reflector (padded rows), tau, G and T when a trailing update follows, and one 8-byte mbarrier per
+    reflector (panel_cols's layout)."""
+    floats = width * slots_ * 32 + width + (2 * width * (width + 1) if trail else 0)
+    return 4 * (floats + (floats & 1)) + 8 * width
+
+
+def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
+    return shared_bytes_of(panel.width, slots(panel, rows), trail)
+
+
+spec_shared = shared_bytes
+
+
+def vec(panel, n: int, c0: int) -> int:
+    return family.vec(n, c0, panel.width, panel.slice)
+
+
+def features(panel) -> tuple[str, ...]:
+    return (MBARRIER,)
+
+
+def name(spec) -> str:
+    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+    return f"qr_cols_w{spec.width}_c{spec.slice}_s{spec.slots}_v{spec.vec}{suffix}"
+
+
+def describe(panel) -> str:
+    return f" slice {panel.slice}"
+
+
+def render(spec, schedule, target):
+    return family.render_panel(spec, schedule, target)

@@ -1,0 +1,79 @@
+"""Panel family "lanes": one block per matrix (or, with cluster=True, 2 or more blocks of one cluster sharing the
+rows); lane c of every warp owns column c, the warps own consecutive row ranges (templates/cuda/panel_lanes.cuh).
+The loop over columns is not unrolled, except on one warp (threads=32, blocks=1), where every row is a constant."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..targets import CLUSTERS, MBARRIER
+from . import family
+from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
+
+VARIANT = "lanes"
+LOOP = False
+CLUSTER = True
+REG_OVERHEAD = 24
+
+
+def check(panel) -> None:
+    if not isinstance(panel.threads, int) or panel.threads % 32 or not 32 <= panel.threads <= 1024:
+        raise ValueError(f"Panel.threads must be a multiple of 32 from 32 to 1024 for variant 'lanes', "
+                         f"got {panel.threads!r}")
+    if panel.blocks != 1 and not panel.cluster:
+        raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 or more blocks with cluster=True; got "
+                         f"blocks={panel.blocks!r} with cluster={panel.cluster!r}")
+    family.check_narrow(panel)
+    family.check_no(panel, "tile", "slice")
+
+
+def slots(panel, rows: int) -> int:
+    return math.ceil(rows / (panel.blocks * panel.threads // 32))
+
+
+def registers(panel, rows: int) -> int:
+    # the column's entries, the broadcast column j, the product (V T)^T: three arrays
+    return 3 * slots(panel, rows) + REG_OVERHEAD
+
+
+def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
+    warps, w = panel.threads // 32, panel.width
+    return 4 * (2 * warps * 32 + 64 + 2 * w * (w + 1) + w + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
+
+
+def spec_shared(panel, rows: int, trail: bool, m: int, n: int) -> int:
+    return 0
+
+
+def vec(panel, n: int, c0: int) -> int:
+    return 1
+
+
+def features(panel) -> tuple[str, ...]:
+    return (CLUSTERS, MBARRIER) if panel.cluster else ()
+
+
+def name(spec) -> str:
+    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+    return (f"qr_lanes_w{spec.width}_t{spec.threads}{f'_c{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
+            f"{suffix}")
+
+
+def describe(panel) -> str:
+    return f" x{panel.blocks} blocks" + (" (cluster)" if panel.cluster else "") if panel.blocks > 1 else ""
+
+
+def render(spec, schedule, target):
+    return family.render_panel(spec, schedule, target)
+
+
+def fused_q_kernel(kernels, launches):
+    """For a schedule of one lanes panel on one block with nothing right of it (m >= n, n <= 32): the same kernel
+    writing Q (m x n) and R (n x n) of qr's reduced mode in one launch, from G, T and V in registers and shared
+    memory, instead of geqrf's h and tau followed by Q's blocked products. None for other schedules."""
+    if len(launches) != 1 or launches[0].nc or launches[0].cluster:
+        return None
+    (kernel,) = [k for k in kernels if k.name == launches[0].kernel]
+    if kernel.variant != VARIANT:
+        return None
+    return dataclasses.replace(kernel, name=kernel.name + "_q", formq=True, columns=())

@@ -1,0 +1,121 @@
+"""A schedule turned into its plan for a target: the distinct kernels it needs and the launch of each panel, after
+checking that the target can run every kernel (registers, shared memory, cluster sizes, features)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..targets import Target
+from . import fused, rowsplit, scale, tf32x3, tmat
+from .family import panel_family
+from .layout import aggregates, kept_blocks
+from .lanes import fused_q_kernel
+from .specs import KernelSpec, Launch, Plan
+from .tsqr import tsqr_levels
+
+
+@dataclass(frozen=True)
+class PanelResources:
+    rows: int  # rows of the panel (m - first column)
+    slots: int  # rows each thread holds
+    registers: int  # estimate of registers per thread
+    register_cap: int
+    shared_bytes: int
+
+
+def resources(schedule, index: int, target: Target) -> PanelResources:
+    """What panel `index` of the schedule needs of a block, and the register cap the target allows it."""
+    from .family import register_cap
+
+    panel = schedule.panels[index]
+    c0 = schedule.starts()[index]
+    rows = schedule.m - c0
+    fam = panel_family(panel.variant)
+    return PanelResources(rows, fam.slots(panel, rows), fam.registers(panel, rows),
+                          register_cap(panel.threads, target.limits),
+                          fam.shared_bytes(panel, rows, c0 + panel.width < schedule.n, schedule.m, schedule.n))
+
+
+def check(schedule, target: Target) -> None:
+    """ValueError naming the panel and what it lacks where the target cannot run a kernel of the schedule."""
+    limits = target.limits
+    for index, panel in enumerate(schedule.panels):
+        res = resources(schedule, index, target)
+        if res.registers > res.register_cap:
+            raise ValueError(
+                f"Schedule.panels[{index}] ({panel.variant}, width {panel.width}, threads {panel.threads}, "
+                f"blocks {panel.blocks}) needs about {res.registers} registers per thread for its "
+                f"{res.rows} rows; the cap is {res.register_cap}: use more threads or blocks, or a narrower panel")
+        if res.shared_bytes > limits.shared_bytes:
+            raise ValueError(f"Schedule.panels[{index}] needs {res.shared_bytes} bytes of shared memory; "
+                             f"the budget is {limits.shared_bytes}")
+        missing = [f for f in panel_family(panel.variant).features(panel) if not target.has(f)]
+        if missing:
+            raise ValueError(f"Schedule.panels[{index}] ({panel.variant}{', cluster' if panel.cluster else ''}) "
+                             f"needs {', '.join(missing)}, which {target.backend} {target.arch} lacks")
+        if panel.cluster and panel.blocks > limits.cluster_max:
+            raise ValueError(f"Schedule.panels[{index}] runs on clusters of {panel.blocks} blocks; {target.arch} "
+                             f"allows at most {limits.cluster_max}")
+
+
+def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
+    """The distinct kernels a schedule needs, and the launch of each panel in order. keep: every panel writes its
+    V^T and (VT)^T, the last ones too, and every aggregate is merged, the last one too, for qr's Q
+    (run/sequence.drive_q), whose products for kept blocks of tf32x3.MIN columns or more take the tf32x3 kernels."""
+    check(schedule, target)
+    keys: dict[KernelSpec, list[int]] = {}
+    launches = []
+    aggs = aggregates(schedule)
+    for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
+        rows = schedule.m - c0
+        fam = panel_family(panel.variant)
+        agg = next((a for a in aggs if a.first <= index <= a.last), None)
+        if agg is None:
+            nc, v_row, v_ld, v_bs = schedule.n - c0 - panel.width, 0, rows, panel.width * rows
+        else:
+            width = agg.a1 - agg.a0
+            # to where its aggregate's merged form begins: the aggregate's end, or with Schedule.reach the next one's
+            nc, v_row, v_ld, v_bs = agg.c1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
+        whole = panel.variant == "whole"
+        if whole and keep:
+            raise ValueError("a 'whole' schedule keeps no reflectors for Q (its panels never leave shared memory): "
+                             "no keep plan")
+        if whole:
+            nc = 0  # its kernel updates every column itself
+        trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
+        spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
+                          fam.vec(panel, schedule.n, c0), trail, panel.slice,
+                          fam.spec_shared(panel, rows, trail, schedule.m, schedule.n), (), panel.cluster, panel.loop)
+        keys.setdefault(spec, []).append(c0)
+        # flag arrivals per block (multi-block panels without a cluster): one per column, one more for G
+        barriers = 0 if panel.cluster or whole else panel.width + (1 if panel.width >= 2 and trail else 0)
+        launches.append(Launch(kernel=fam.name(spec), c0=c0, width=panel.width, rows=rows, threads=panel.threads,
+                               blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=spec.shared_bytes,
+                               nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster,
+                               levels=tsqr_levels(rows, panel.width, panel.tile) if panel.variant == "tsqr" else (),
+                               tile=panel.tile, inner=panel.slice if whole else 0))
+    kernels = [_named(spec, cols) for spec, cols in keys.items()]
+    fused_q = None if keep else fused_q_kernel(kernels, launches)
+    if fused_q is not None:
+        kernels.append(fused_q)
+    widths = sorted({L.width for L in launches if L.nc > 0})
+    if schedule.panel_update == "rowsplit":
+        kernels += [rowsplit.kernel(kind, w) for w in widths for kind in rowsplit.KINDS]
+    elif schedule.panel_update == "fused":
+        kernels += [fused.kernel(w, cl) for w in widths for cl in fused.CLUSTER_SIZES]
+    if any(a.nc > 0 for a in aggs) or (keep and aggs):
+        kernels.append(tmat.kernel())
+    if schedule.scaled:
+        kernels.append(scale.kernel())
+    kinds = set(tf32x3.kinds(schedule))
+    kept = kept_blocks(launches, aggs) if keep else ()
+    for block in kept:
+        if tf32x3.q_precision(block.width) == "tf32x3":
+            kinds |= {tf32x3.project_kind(block.width), "update"}  # Q's W = V^T P and P -= (V T) W
+    kernels += [tf32x3.kernel(kind) for kind in tf32x3.CONFIGS if kind in kinds]
+    return Plan(tuple(kernels), tuple(launches), aggs, kept, keep)
+
+
+def _named(spec: KernelSpec, columns: list[int]) -> KernelSpec:
+    from dataclasses import replace
+
+    return replace(spec, name=panel_family(spec.variant).name(spec), columns=tuple(columns))

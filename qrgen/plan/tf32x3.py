@@ -1,0 +1,114 @@
+"""Family "tf32x3": fp32-class products from three tf32 tensor-core products over each input's tf32 high part and
+remainder (templates/cuda/gemm3.cu.j2, cp.async-pipelined), for the trailing update's products where a schedule's
+precision says "tf32x3", the aggregates' merges, and Q's products. The kernels are the same for every schedule:
+
+  project    W = Z^T C, A = Z^T with K contiguous
+  project64  a projection of at most 64 rows (aggregates of 64), on 64 x 64 tiles
+  update     C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous)
+  gram       an aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that
+             reach G's upper part
+
+Every kernel can split K into parts written apart (run/buffers.gram_splits: G of few matrices)."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..render.environment import environment
+from ..targets import ASYNC_COPY, TF32_MMA
+from ..version import __version__
+from .layout import aggregates
+from .specs import KernelSpec, Rendered
+
+# Tiles, warps, K per step, steps in flight and resident blocks per SM, per kernel (docs/decisions.md#tf32x3-tiles).
+CONFIGS = {
+    "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
+                    b_kcontig=False, upper_only=False),
+    "project64": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
+                      b_kcontig=False, upper_only=False),
+    "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
+                   b_kcontig=False, upper_only=False),
+    "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
+                 b_kcontig=True, upper_only=True),
+}
+MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
+# a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta, parts of K, floats between the parts' outputs
+SIGNATURE = "PILPILPILIIIFFIL"
+
+
+def threads(config: dict) -> int:
+    return 32 * config["wm_warps"] * config["wn_warps"]
+
+
+def shared_bytes(config: dict) -> int:
+    """Dynamic shared memory: its stages of A's tile ([k][m] padded by 4, or [m][k] by 8) and B's ([k][n] padded by
+    4, or [n][k] by 8)."""
+    c = config
+    a = c["bk"] * (c["bm"] + 4) if c["a_mcontig"] else c["bm"] * (c["bk"] + 8)
+    b = c["bn"] * (c["bk"] + 8) if c["b_kcontig"] else c["bk"] * (c["bn"] + 4)
+    return 4 * c["stages"] * (a + b)
+
+
+def name(kind: str) -> str:
+    return f"qr_gemm3_{kind}"
+
+
+def kernel(kind: str) -> KernelSpec:
+    """The kernel `kind`, the same for every schedule."""
+    config = CONFIGS[kind]
+    return KernelSpec(name(kind), "tf32x3", 0, threads(config), 1, 0, 4, False, 0, shared_bytes(config), (),
+                      kind=kind)
+
+
+def signature(spec: KernelSpec) -> str:
+    return SIGNATURE
+
+
+def features(spec: KernelSpec) -> tuple[str, ...]:
+    return (TF32_MMA, ASYNC_COPY)
+
+
+def project_kind(rows: int) -> str:
+    """The kernel of a projection W = Z^T C with `rows` rows (the aggregate's or panel's width)."""
+    return "project64" if rows <= CONFIGS["project64"]["bm"] else "project"
+
+
+def kinds(schedule) -> tuple[str, ...]:
+    """The kernels a schedule's tf32x3 products can take: "project" and "update" as its precision says, where some
+    product is at least MIN in every dimension (an aggregate with columns right of it, or a panel that wide); an
+    update in tf32x3 also takes the aggregates' merges ((VT)^T by the update kernel, and G by the gram kernel where
+    their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel also serves
+    an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_splits), whatever the update."""
+    p, aggs = schedule.precision, aggregates(schedule)
+    # the projections' rows: each aggregate's width where columns lie right of it, each panel's that the kernels take
+    widths = {a.a1 - a.a0 for a in aggs if a.nc > 0} | {w.width for w in schedule.panels if w.width >= MIN}
+    projects = {project_kind(w) for w in widths if w >= MIN} if p.project == "tf32x3" else set()
+    wide = any(a.a1 - a.a0 >= MIN for a in aggs)  # a G the kernels take
+    return tuple(kind for kind, used in (("project", "project" in projects), ("project64", "project64" in projects),
+                                         ("update", p.update == "tf32x3" and bool(widths or aggs)),
+                                         ("gram", p.gram == "fp32" and wide))
+                 if used)
+
+
+def q_precision(width: int) -> str:
+    """The precision of qr's two Q products (run/sequence.drive_q) for a kept block `width` columns wide, whatever
+    the schedule's own precisions: tf32x3 from MIN columns (the aggregates), fp32 for narrower blocks (the panels),
+    whose products of that depth these kernels leave to cuBLAS anyway (docs/decisions.md#q-products-tf32x3)."""
+    return "tf32x3" if width >= MIN else "fp32"
+
+
+def without_idle(schedule):
+    """The schedule with fp32 for a tf32x3 stage that none of its products can take (kinds): the same launches (such
+    products run in fp32 through cuBLAS either way), written as what they are, so that the tuner measures such
+    points once."""
+    p, used = schedule.precision, kinds(schedule)
+    project = "fp32" if p.project == "tf32x3" and not {"project", "project64"} & set(used) else p.project
+    update = "fp32" if p.update == "tf32x3" and "update" not in used else p.update
+    if (project, update) == (p.project, p.update):
+        return schedule
+    return dataclasses.replace(schedule, precision=dataclasses.replace(p, project=project, update=update))
+
+
+def render(spec: KernelSpec, schedule, target) -> Rendered:
+    template = environment().get_template(f"{target.record.template_dir}/gemm3.cu.j2")
+    return Rendered(spec.name, template.render(version=__version__, arch=target.arch, name=spec.name,
+                                               **CONFIGS[spec.kind]))

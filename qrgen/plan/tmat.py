@@ -1,0 +1,48 @@
+"""Family "tmat": T of a compact WY form from its Gram matrix G = V^T V and tau, the same kernel for every
+schedule (the aggregates' merges, and Q's blocks in qrgen.numerics.qmatrix); templates/cuda/tmat.cuh builds T by
+blocks in shared memory for up to BLOCKED_MAX reflectors, and for up to MAX by halves of at most BLOCKED_MAX
+each and the corner between them."""
+from __future__ import annotations
+
+from ..render.environment import environment
+from ..version import __version__
+from .specs import KernelSpec, Rendered
+
+NAME = "qr_tmat"
+THREADS = 1024  # threads per matrix
+BLOCKED_MAX = 128
+MAX = 2 * BLOCKED_MAX
+LD = BLOCKED_MAX + 4  # floats between rows of G and T in shared memory: 16-byte aligned, 4 banks apart
+XLD = 32 + 4  # and of X (32 columns)
+# gram, tau, t, reflectors, G's stride, tau's; G's parts, their stride
+SIGNATURE = "PPPILIIL"
+
+
+def shared_bytes(a: int) -> int:
+    """Dynamic shared memory for `a` reflectors, its halves (the first min(a, BLOCKED_MAX), then the rest) rounded
+    up to whole 32-row blocks: G's staging space (the first half's rows: a half's diagonal block of G, then the
+    corner's G12), T1 and T2 (rows LD floats apart, G's too), X (rows XLD apart: the first half's rows less one
+    block, or BLOCKED_MAX rows for the corner)."""
+    if not 1 <= a <= MAX:
+        raise ValueError(f"the T kernel takes 1 to {MAX} reflectors; got {a}")
+    h = BLOCKED_MAX
+    r1, r2 = 32 * -(-min(a, h) // 32), 32 * -(-(a - h) // 32) if a > h else 0
+    return 4 * ((2 * r1 + r2) * LD + XLD * (h if r2 else r1 - 32))
+
+
+def kernel() -> KernelSpec:
+    return KernelSpec(NAME, "tmat", 0, THREADS, 1, 0, 1, False, 0, shared_bytes(MAX), ())
+
+
+def signature(spec: KernelSpec) -> str:
+    return SIGNATURE
+
+
+def features(spec: KernelSpec) -> tuple[str, ...]:
+    return ()
+
+
+def render(spec: KernelSpec, schedule, target) -> Rendered:
+    template = environment().get_template(f"{target.record.template_dir}/tmat.cu.j2")
+    return Rendered(NAME, template.render(version=__version__, arch=target.arch, k=kernel(), blocked_max=BLOCKED_MAX,
+                                          tmat_max=MAX, ld=LD, xld=XLD))

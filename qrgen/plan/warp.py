@@ -1,0 +1,30 @@
+"""Panel family "warp": one warp per matrix, the panel's rows spread over its lanes, all columns in registers (the
+rows kernel on one warp: templates/cuda/panel_rows.cuh)."""
+from __future__ import annotations
+
+from . import family, rows
+from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
+
+VARIANT = "warp"
+LOOP = True
+CLUSTER = False
+REG_OVERHEAD = 40
+
+slots, shared_bytes, spec_shared, vec, name, describe, render = (
+    rows.slots, rows.shared_bytes, rows.spec_shared, rows.vec, rows.name, rows.describe, rows.render)
+
+
+def check(panel) -> None:
+    family.check_threads(panel)
+    family.check_narrow(panel)
+    family.check_no(panel, "tile", "slice")
+    if panel.threads != 32 or panel.blocks != 1:
+        raise ValueError("Panel variant 'warp' takes threads=32 and blocks=1")
+
+
+def registers(panel, rows_: int) -> int:
+    return slots(panel, rows_) * panel.width + panel.width + REG_OVERHEAD
+
+
+def features(panel) -> tuple[str, ...]:
+    return ()

@@ -1,0 +1,171 @@
+"""The default schedule: a heuristic over the resource model, for shapes with no tuned file. Each rule's evidence
+is in docs/decisions.md under the name it cites."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..problem import Problem
+from ..targets import CLUSTERS, Target
+from .model import Panel, Precision, Schedule
+from .panels import SM90, cluster_lanes_panel, default_panel, lanes_panel, tsqr_panel, with_loop
+
+LANES_MAX_BATCH = 264  # lanes panels up to this many matrices (docs/decisions.md#lanes-max-batch)
+DEFAULT_AGGREGATE = 128  # columns per aggregate (docs/decisions.md#aggregates)
+AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
+CLUSTER_FROM = 512  # rows from which panels run on clusters (docs/decisions.md#default-cluster) ...
+ONE_PANEL_CLUSTER_FROM = 2048  # ... a one-panel matrix (n <= 32) only alone and from this many rows
+TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 (docs/decisions.md#default-precision)
+MANY_FROM = 64  # many matrices of MANY_ROWS rows: the tuned 640 x 512² file's recipe (docs/decisions.md#many)
+MANY_ROWS = (384, 512)  # min(m, n) from the first, m up to the second
+MANY_WIDTH = 16
+MANY_AGGREGATE = 64
+FUSED_MAX_ROWS = 4096  # rows up to which the panels' own products are fused (docs/decisions.md#panel-update) ...
+FUSED_MAX_SINGLE = 4096 * 1024  # ... except one matrix of more elements than this (cuBLAS there)
+CLUSTER_ROWS_PER_BLOCK = (256, 512)  # several matrices: rows a cluster block (docs/decisions.md#default-cluster)
+CLUSTER_BLOCKS_MAX = 64  # the batch's clusters take at most this many blocks
+TSQR_FROM = 32768  # tsqr panels from this many rows (docs/decisions.md#tsqr) ...
+TSQR_ASPECT = 64  # ... and rows a column
+TSQR_MAX_BATCH = 4  # ... for at most this many matrices
+TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": True}
+TSQR_AGGREGATE = 64
+LOOKAHEAD_PIECES = 2  # Schedule.lookahead where the side products are fp32-class (docs/decisions.md#lookahead)
+LOOKAHEAD_WHOLE = 32  # ... and where they run on tf32/fp16/bf16 tensor cores (one piece)
+REACH_MAX_BATCH = 4  # Schedule.reach for lookahead schedules of at most this many matrices (decisions.md#reach)
+WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs/decisions.md#whole) ...
+WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
+WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
+
+
+@dataclass(frozen=True)
+class DefaultChoices:
+    """What the heuristic picks beside the panels (the tuner's default point states the same)."""
+    cluster: int
+    aggregate: int
+    panel_update: str
+    precision: Precision
+    loop: bool  # Panel.loop for the warp and rows panels
+    lookahead: int  # Schedule.lookahead
+    reach: bool = False  # Schedule.reach
+
+
+def default_many(problem: Problem) -> bool:
+    """Whether the problem takes the recipe for many matrices of 384 to 512 rows (MANY_FROM, MANY_ROWS)."""
+    return problem.batch >= MANY_FROM and problem.k >= MANY_ROWS[0] and problem.m <= MANY_ROWS[1]
+
+
+def default_aggregate(problem: Problem, target: Target = SM90) -> int:
+    if default_many(problem):
+        return MANY_AGGREGATE
+    if problem.k < AGGREGATE_FROM:
+        return 0
+    if problem.batch >= 2 or default_panel(problem.m, problem.k, target=target).width < 16:
+        return DEFAULT_AGGREGATE
+    return 0
+
+
+def default_panel_update(problem: Problem) -> str:
+    """"fused" up to FUSED_MAX_ROWS rows (docs/decisions.md#panel-update), else cuBLAS."""
+    if problem.m > FUSED_MAX_ROWS or (problem.batch == 1 and problem.m * problem.n > FUSED_MAX_SINGLE):
+        return "cublas"
+    return "fused"
+
+
+def default_cluster(problem: Problem, target: Target = SM90) -> int:
+    """Blocks per cluster of the default's panels (0: none; docs/decisions.md#default-cluster): the target's most
+    for one matrix of CLUSTER_FROM rows or more; for several, the most blocks of CLUSTER_ROWS_PER_BLOCK rows such that
+    the batch's clusters take at most CLUSTER_BLOCKS_MAX blocks."""
+    most = target.limits.cluster_max
+    if not target.has(CLUSTERS) or problem.m < CLUSTER_FROM:
+        return 0
+    if problem.n <= 32 and not (problem.batch == 1 and problem.m >= ONE_PANEL_CLUSTER_FROM):
+        return 0
+    if problem.batch == 1:
+        return most
+    most_rows, fewest_rows = CLUSTER_ROWS_PER_BLOCK[1], CLUSTER_ROWS_PER_BLOCK[0]
+    fewest = max(2, 1 << (math.ceil(problem.m / most_rows) - 1).bit_length())  # power of two >= m / 512
+    blocks = min(most, 1 << (problem.m // fewest_rows).bit_length() - 1)  # power of two <= m / 256
+    while blocks >= fewest and problem.batch * blocks > CLUSTER_BLOCKS_MAX:
+        blocks //= 2
+    return blocks if blocks >= fewest else 0
+
+
+def default_tsqr(problem: Problem) -> bool:
+    """Whether the heuristic gives `problem` tsqr panels."""
+    return problem.batch <= TSQR_MAX_BATCH and problem.m >= max(TSQR_FROM, TSQR_ASPECT * problem.n)
+
+
+def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:
+    """fp32 everywhere, except the aggregates' products: tf32 from TF32_FROM columns where the panels' own products
+    stay fp32 (rowsplit or fused), else tf32x3 (docs/decisions.md#default-precision)."""
+    if aggregate and panel_update in ("rowsplit", "fused") and problem.k >= TF32_FROM:
+        return Precision(project="tf32", update="tf32")
+    if aggregate:
+        return Precision(project="tf32x3", update="tf32x3")
+    return Precision()
+
+
+def default_loop(problem: Problem) -> bool:
+    """Column loops (Panel.loop) for the warp and rows panels where more matrices than LANES_MAX_BATCH share the
+    SMs, whose blocks at different columns then compete for the instruction cache (docs/decisions.md#loop)."""
+    return problem.batch > LANES_MAX_BATCH
+
+
+def default_lookahead(problem: Problem, aggregate: int, precision: Precision) -> int:
+    """Lookahead for aggregated batches of 2 or more (docs/decisions.md#lookahead)."""
+    if not aggregate or problem.batch < 2:
+        return 0
+    return LOOKAHEAD_PIECES if precision.update in ("fp32", "tf32x3") else LOOKAHEAD_WHOLE
+
+
+def default_reach(problem: Problem, lookahead: int) -> bool:
+    """Schedule.reach for lookahead schedules of few matrices, whose panels leave most SMs to the side stream."""
+    return bool(lookahead) and problem.batch <= REACH_MAX_BATCH
+
+
+def default_choices(problem: Problem, clustered: bool = True, target: Target = SM90) -> DefaultChoices:
+    """clustered=False: the heuristic as it would be without clusters."""
+    if default_tsqr(problem):
+        aggregate = TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0
+        return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
+    cluster = default_cluster(problem, target) if clustered and not default_many(problem) else 0
+    aggregate = 0 if cluster and problem.batch == 1 else default_aggregate(problem, target)
+    update = default_panel_update(problem)
+    precision = default_precision(problem, aggregate, update)
+    lookahead = default_lookahead(problem, aggregate, precision)
+    return DefaultChoices(cluster, aggregate, update, precision, default_loop(problem) or default_many(problem),
+                          lookahead, default_reach(problem, lookahead))
+
+
+def default_whole(problem: Problem) -> Panel | None:
+    """The default's "whole" panel for the problem (WHOLE_FROM, WHOLE_ROWS), or None where it takes panels."""
+    m, n = problem.m, problem.n
+    if problem.batch < WHOLE_FROM or not WHOLE_ROWS[0] <= m <= WHOLE_ROWS[1] or not 32 <= n <= m:
+        return None
+    threads, slice_ = (32, 4) if m * n <= WHOLE_SMALL else (64, 8)
+    return Panel(problem.k, "whole", threads, slice=slice_)
+
+
+def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
+    whole = default_whole(problem)
+    if whole is not None:
+        return Schedule(problem.m, problem.n, (whole,))
+    choices = default_choices(problem, target=target)
+    cluster, aggregate = choices.cluster, choices.aggregate
+    many = default_many(problem)
+    lanes = problem.batch <= LANES_MAX_BATCH and not cluster and not many
+    tsqr = default_tsqr(problem)
+    panels: list[Panel] = []
+    col = 0
+    while col < problem.k:
+        end = problem.k if not aggregate else min(problem.k, (col // aggregate + 1) * aggregate)
+        rows, width = problem.m - col, min(32, end - col)
+        panel = (tsqr_panel(rows, end - col, TSQR_PANEL["width"], TSQR_PANEL["threads"], TSQR_PANEL["tile"])
+                 if tsqr else None)
+        panel = panel or (cluster_lanes_panel(rows, width, cluster, target=target) if cluster else None)
+        panel = panel or (lanes_panel(rows, width, "auto", target=target) if lanes else None)
+        panel = panel or default_panel(rows, end - col, (MANY_WIDTH,) if many else (32, 16, 8), target)
+        panels.append(with_loop(panel, choices.loop))
+        col += panel.width
+    return Schedule(problem.m, problem.n, tuple(panels), choices.precision, aggregate, choices.panel_update,
+                    choices.lookahead, choices.reach)
