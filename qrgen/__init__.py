@@ -1,2 +1,10 @@
 """qrgen: batched QR factorization with GPU kernels generated for each shape."""
-from .version import __version__  # noqa: F401
+from .api import geqrf, householder_product, lstsq, ormqr, qr
+from .numerics.check import check
+from .problem import Problem
+from .schedule.model import Panel, Precision, Schedule
+from .targets import Target
+from .version import __version__
+
+__all__ = ["geqrf", "householder_product", "ormqr", "qr", "lstsq", "check", "Problem", "Target", "Schedule",
+           "Panel", "Precision", "__version__"]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codegen import gemm3_kinds
-from .replay import end_capture
+from .plan import tf32x3
+from .run.replay import end_capture
 
 REFERENCE_CASES = ((20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (60, 1024, 1024),
                    (8, 2048, 2048), (2, 4096, 4096))
@@ -37,8 +37,9 @@ class Timing:
 
 
 def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str = "cupy") -> float:
-    """Median of reps runs of fn(x), x cycling through inputs, L2 flushed before each; events on the
-    framework's current stream (the stream the work runs on)."""
+    """Median of reps runs of fn(x), x cycling through inputs, L2 flushed right before each by a 256 MB write with
+    no host synchronization between it and the call; events on the framework's current stream (the stream the
+    work runs on)."""
     import cupy
 
     flush = cupy.empty(FLUSH_BYTES // 4, dtype=cupy.float32)
@@ -56,7 +57,6 @@ def median_time_us(fn, inputs: list, reps: int, warmup: int = 3, framework: str 
     for i in range(reps):
         x = inputs[i % len(inputs)]
         flush.fill(float(i))
-        cupy.cuda.runtime.deviceSynchronize()
         start.record()
         fn(x)
         stop.record()
@@ -121,9 +121,9 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     hostile: also time batches of these: "mixed" (every stress family at random positions) or a family's name."""
     import cupy
 
-    from .check import check
-    from .runtime import geqrf
-    from .testing import mixed, stress
+    from .api import geqrf
+    from .numerics.check import check
+    from .numerics.stress import mixed, stress
 
     rng = np.random.default_rng(seed)
     sets = max(2, min(4, (1 << 30) // max(1, batch * m * n * 4)))
@@ -226,7 +226,7 @@ def _householder_flops(rows: int, width: int) -> float:
 
 
 def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
-    """The floors of each stage of fac's launch sequence (qrgen.runtime.drive) for a call on `batch` matrices:
+    """The floors of each stage of fac's launch sequence (run/sequence.drive) for a call on `batch` matrices:
     the panel kernels (Householder on their columns; where they write V^T and (V T)^T also G = V^T V and V T,
     on fp32 cores), the panels' own products and the aggregates' products (W = Z^T C, C -= V W in the schedule's
     precisions; a panel's own in fp32 unless they go through cuBLAS), the aggregates' merge (G = V^T V, T, (V T)^T;
@@ -247,7 +247,7 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
                 own[p] = own.get(p, 0.0) + 2.0 * r * w * L.nc
             own_bytes += f * (r * L.nc * (2 if fused else 3) + 2 * r * w + (0 if fused else 2 * w * L.nc))
     merge3 = prec.update == "tf32x3"
-    gram = "tf32x3" if prec.gram == "fp32" and (merge3 or "gram" in gemm3_kinds(fac.schedule)) else prec.gram
+    gram = "tf32x3" if prec.gram == "fp32" and (merge3 or "gram" in tf32x3.kinds(fac.schedule)) else prec.gram
     agg: dict[str, float] = {}
     merge: dict[str, float] = {}
     agg_bytes = merge_bytes = 0.0
@@ -291,14 +291,15 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=
     left out, and with only the panel kernels, so host gaps are not counted
     (events around each launch of an eager call would count them). Leaving stages out makes the result wrong but
     not the remaining work: no kernel's work depends on the values. Also the eager call, for the host's share.
-    fac: a runtime.Factorizer for m x n to profile (default: the shape's schedule for the batch)."""
+    fac: a run.factorizer.Factorizer for m x n to profile (default: the shape's schedule for the batch)."""
     import cupy
 
-    from .runtime import device_arch, factorizer_for
+    from .run.launch import device_target
+    from .run.registry import factorizer_for
 
     rng = np.random.default_rng(seed)
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
-    fac = fac or factorizer_for(m, n, batch, device_arch(inputs[0].device.id))
+    fac = fac or factorizer_for(m, n, batch, device_target(inputs[0].device.id))
 
     def timed(skip):
         return graph_time_us(lambda x: fac.run(x, cupy.cuda.get_current_stream(), skip), inputs, reps)
@@ -337,7 +338,7 @@ def run_qr_case(batch: int, m: int, n: int, reps: int = 10, seed: int = 0) -> st
     most 64 of them and scaled, which the row says."""
     import cupy
 
-    from .linalg import qr
+    from .api import qr
 
     rng = np.random.default_rng(seed)
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]

@@ -8,12 +8,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, codegen
-from .compile import Binary, compile_many
-from .problem import Problem, Target
-from .schedule import SCHEDULE_DIR, Schedule, find
-
-GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
+from .compile.nvrtc import Binary, compile_many
+from .paths import generated_dir, schedule_dir
+from .problem import Problem
+from .render.environment import environment
+from .render.sources import render_all
+from .schedule.files import find
+from .schedule.model import Schedule
+from .targets import Target
+from .version import __version__
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,13 @@ def write_if_changed(path: Path, text: str) -> None:
 def render_module(problem: Problem, target: Target, schedule_root: Path | None = None):
     """(module name, module text, {kernel name: source}, schedule, origin) without touching the disk."""
     schedule, origin = find(problem, target, schedule_root)
-    root = Path(schedule_root or SCHEDULE_DIR).resolve()
+    root = Path(schedule_root or schedule_dir()).resolve()
     if origin != "default (heuristic)":
         path = Path(origin).resolve()
         origin = f"schedules/{path.relative_to(root).as_posix()}" if path.is_relative_to(root) else path.name
     name = module_name(problem, target)
-    sources = {r.name: r.source for r in codegen.render_all(schedule, target.arch, target.backend)}
-    text = codegen.environment().get_template("python/module.py.j2").render(
+    sources = {r.name: r.source for r in render_all(schedule, target)}
+    text = environment().get_template("python/module.py.j2").render(
         version=__version__, m=problem.m, n=problem.n, batch=problem.batch, arch=target.arch, name=name,
         origin=origin, describe=schedule.describe(),
         schedule_literal=pprint.pformat(schedule.to_json(), sort_dicts=False))
@@ -59,16 +62,16 @@ def render_module(problem: Problem, target: Target, schedule_root: Path | None =
 
 def generate(problem: Problem, target: Target, out_dir: Path | None = None,
              schedule_root: Path | None = None) -> Generated:
-    out_dir = Path(out_dir or GENERATED_DIR)
+    out_dir = Path(out_dir or generated_dir())
     name, text, sources, schedule, origin = render_module(problem, target, schedule_root)
     kernel_dir = out_dir / name
     kernel_paths = []
     for kernel, source in sources.items():
-        path = kernel_dir / f"{kernel}.cu"
+        path = kernel_dir / f"{kernel}{target.record.suffix}"
         write_if_changed(path, source)
         kernel_paths.append(path)
     if kernel_dir.exists():  # kernels a previous schedule needed and this one does not
-        for stale in kernel_dir.glob("*.cu"):
+        for stale in kernel_dir.glob(f"*{target.record.suffix}"):
             if stale not in kernel_paths:
                 stale.unlink()
     module_path = out_dir / f"{name}.py"
@@ -95,7 +98,7 @@ def build(problem: Problem, target: Target, out_dir: Path | None = None, schedul
             log(f"  {b.name}: {b.registers} registers, {b.spill_bytes} bytes spilled, "
                 f"{b.stack_bytes} bytes stack ({how})")
 
-        binaries = compile_many(sources, target.arch, jobs=jobs, progress=report)
+        binaries = compile_many(sources, target, jobs=jobs, progress=report)
     log(f"wrote {gen.module_path} and {len(gen.kernel_paths)} kernel source(s) in "
         f"{gen.module_path.with_suffix('')}/ ({time.perf_counter() - start:.1f} s)")
     return gen, binaries

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .problem import Problem, Target, parse_shape
-from .testing import FAMILIES
+from .numerics.stress import FAMILIES
+from .problem import Problem, parse_case, parse_shape
+from .targets import Target
 
 
 def _default_arch() -> str:
@@ -39,11 +40,10 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 def _case(text: str) -> tuple[int, int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"a case is BATCHxMxN with positive integers, such as 60x1024x1024; "
-                                         f"got {text!r}")
-    return tuple(int(p) for p in parts)
+    try:
+        return parse_case(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -125,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command in ("tune", "build"):
         from .build import build
-        from .tune import ALL_FAMILIES, FAMILIES, ModelEvaluator, tune_and_save
+        from .tune.evaluate import ModelEvaluator
+        from .tune.search import tune_and_save
+        from .tune.space import ALL_FAMILIES, FAMILIES
 
         m, n = args.shape
         try:
             problem = Problem(m, n, args.batch)
-            target = Target("cuda", args.arch or _default_arch())
+            target = Target.parse(args.arch or _default_arch())
             if args.command == "tune" or args.trials > 0:
                 cost_model = getattr(args, "cost_model", False)
                 tune_and_save(problem, target, args.trials, args.storage, getattr(args, "multi_objective", False),

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codegen import aggregates, plan, inner_panels
-from .schedule import Schedule, default_schedule
-from .problem import Problem
+from ..plan.layout import aggregates
+from ..plan.planner import plan
+from ..plan.tsqr import tsqr_levels
+from ..plan.whole import inner_panels
+from ..problem import Problem
+from ..schedule.heuristic import default_schedule
+from ..targets import Target
 
 
 def round_to(x: np.ndarray, precision: str) -> np.ndarray:
@@ -33,7 +37,7 @@ def round_to(x: np.ndarray, precision: str) -> np.ndarray:
 
 def product(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:
     """a @ b with inputs rounded as `precision` says; "tf32x3": a_hi b_hi + a_hi b_lo + a_lo b_hi over tf32 high parts
-    (rounded to nearest) and tf32 remainders (truncated), as templates/cuda/gemm3.cu.j2 splits them, the three
+    (rounded to nearest) and tf32 remainders (truncated), as the tf32x3 kernels split them, the three
     products added in float32, the low parts' product left out."""
     if precision != "tf32x3" or a.dtype != np.float32:
         return matmul(round_to(a, precision), round_to(b, precision))
@@ -59,7 +63,7 @@ def _truncate_tf32(x: np.ndarray) -> np.ndarray:
 
 
 def scale_exponents(h: np.ndarray) -> np.ndarray:
-    """Per matrix of h (batch, m, n), the e of Schedule.scaled (templates/cuda/scale.cu.j2): 2^e just above the
+    """Per matrix of h (batch, m, n), the e of Schedule.scaled (plan/scale.py): 2^e just above the
     largest magnitude (NaN passed over), clamped to [-125, 126]; 0 where that magnitude is 0 or inf."""
     top = np.fmax.reduce(np.abs(h).reshape(len(h), -1), axis=1, initial=0)
     e = np.frexp(top)[1]  # top = f 2^e, f in [0.5, 1)
@@ -77,7 +81,7 @@ def scale(h: np.ndarray, e: np.ndarray, inverse: bool = False) -> None:
         h[...] = np.ldexp(h, -e[:, None, None].astype(np.int32))
 
 
-def _panel(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def panel_factor(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unblocked Householder QR of a batch of panels p (batch, rows, width), in place; returns (tau, V)."""
     batch, rows, width = p.shape
     dt = p.dtype
@@ -108,12 +112,11 @@ def _panel(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def tsqr_panel(p: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
     """The "tsqr" panel (templates/cuda/tsqr.cuh.j2) on a batch of panels p (batch, rows, width), in place, as the
-    kernels do it; returns (tau, V) like _panel. A tree of Householder QRs over tiles of `tile` rows (level 0 the
+    kernels do it; returns (tau, V) like panel_factor. A tree of Householder QRs over tiles of `tile` rows (level 0 the
     panel's rows, each next level the stacked R factors of the last), Q's first `width` columns from the tree
     (each tile's compact WY form applied to its block of its parent's Q), then Householder reflectors rebuilt from
     that Q by an LU factorization with signs, Q - [S; 0] = V U (Ballard et al., "Reconstructing Householder vectors
     from tall-skinny QR", 2014): V is unit lower trapezoidal, T = -U S V1^-T, tau = diag(T), R = S R_tree."""
-    from .codegen import tsqr_levels
 
     batch, rows, w = p.shape
     levels = tsqr_levels(rows, w, tile)
@@ -148,8 +151,8 @@ def tsqr_factor_tiles(t4: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """Householder QR of every tile of t4 (batch, tiles, tile, w), in place; (tau, V, T) per tile."""
     batch, tiles, tile, w = t4.shape
     flat = t4.reshape(batch * tiles, tile, w)
-    tau, v = _panel(flat)
-    tm = _tmatrix(matmul(v.transpose(0, 2, 1), v), tau)
+    tau, v = panel_factor(flat)
+    tm = tmatrix(matmul(v.transpose(0, 2, 1), v), tau)
     return (tau.reshape(batch, tiles, w), v.reshape(batch, tiles, tile, w), tm.reshape(batch, tiles, w, w))
 
 
@@ -189,7 +192,7 @@ def tsqr_reflectors(q, lu, s, r_root):
     return tau, np.concatenate([v1, tail], axis=1), h, tm
 
 
-def _tmatrix(gram, tau, xp=np):
+def tmatrix(gram, tau, xp=np):
     """T with H_0 ... H_{w-1} = I - V T V^T from G = V^T V and tau (LAPACK slarft, forward, columnwise); NumPy
     arrays, or those of the array module xp (CuPy, for the float64 check on the GPU)."""
     batch, w = tau.shape
@@ -202,7 +205,7 @@ def _tmatrix(gram, tau, xp=np):
     return t
 
 
-def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+def geqrf(a: np.ndarray, schedule=None, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
     """(h, tau) of a (..., m, n) in LAPACK's convention, computed panel by panel as the schedule says."""
     a = np.asarray(a)
     if a.ndim < 2:
@@ -225,18 +228,18 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
         wmat = product(np.ascontiguousarray(z.transpose(0, 2, 1)), c, project)
         return c - product(v, wmat, upd)
 
-    # The split and fused kernels compute the panels' own products in fp32 (schedule.panel_update).
-    panel_precision = (("fp32", "fp32") if schedule.panel_update in ("split", "fused")
+    # The rowsplit and fused kernels compute the panels' own products in fp32 (schedule.panel_update).
+    panel_precision = (("fp32", "fp32") if schedule.panel_update in ("rowsplit", "fused")
                        else (prec.project, prec.update))
 
     def wy(v, t, gram):  # Z = V T with T from the Gram matrix (inputs rounded as `gram` says) and tau
         vr = rnd(v, gram)
-        return matmul(v, _tmatrix(matmul(vr.transpose(0, 2, 1), vr), t))
+        return matmul(v, tmatrix(matmul(vr.transpose(0, 2, 1), vr), t))
 
     exps = scale_exponents(h) if low and schedule.scaled else None
     if exps is not None:
         scale(h, exps)
-    _, launches = plan(schedule)
+    launches = plan(schedule, Target("cpu", "numpy")).launches
     after = {a.last: a for a in aggregates(schedule) if a.nc > 0}
     for index, L in enumerate(launches):
         if L.inner:
@@ -244,7 +247,7 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
             continue
         c0, w = L.c0, L.width
         p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
-        t, v = tsqr_panel(p, L.tile) if L.levels else _panel(p)
+        t, v = tsqr_panel(p, L.tile) if L.levels else panel_factor(p)
         h[:, c0:, c0:c0 + w] = p
         tau[:, c0:c0 + w] = t
         if L.nc > 0:
@@ -263,16 +266,16 @@ def geqrf(a: np.ndarray, schedule: Schedule | None = None, dtype=np.float64) -> 
 
 
 def factor_whole(h: np.ndarray, tau: np.ndarray, launch, n: int) -> None:
-    """A "whole" launch (codegen.inner_panels) on h (batch, m, n) in place, in h's dtype: each inner panel factored,
+    """A "whole" launch (plan/whole.inner_panels) on h (batch, m, n) in place, in h's dtype: each inner panel factored,
     then every column right of it updated as the kernel does, C -= V (T^T (V^T C)) (fp32 inputs throughout)."""
     for c0, w, nc in inner_panels(launch, n):
         p = np.ascontiguousarray(h[:, c0:, c0:c0 + w])
-        t, v = _panel(p)
+        t, v = panel_factor(p)
         h[:, c0:, c0:c0 + w] = p
         tau[:, c0:c0 + w] = t
         if nc:
             vt = np.ascontiguousarray(v.transpose(0, 2, 1))
-            tm = _tmatrix(matmul(vt, v), t)
+            tm = tmatrix(matmul(vt, v), t)
             c = h[:, c0:, c0 + w:]
             h[:, c0:, c0 + w:] = c - matmul(v, matmul(np.ascontiguousarray(tm.transpose(0, 2, 1)), matmul(vt, c)))
 

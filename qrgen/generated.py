@@ -1,9 +1,14 @@
-"""What a generated module (generated/qr_<m>x<n>_b<batch>.py) runs on: its schedule and kernel sources."""
+"""What a generated module (generated/qr_<m>x<n>_b<batch>.py) runs on: its schedule, its target and its kernel
+sources beside it."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from .schedule import Schedule
+from . import api
+from .run import fastpath
+from .run.factorizer import Factorizer
+from .schedule.model import Schedule
+from .targets import Target
 
 
 class GeneratedModule:
@@ -15,42 +20,33 @@ class GeneratedModule:
 
     def _get(self):
         if self._factorizer is None:
-            from .codegen import plan
-            from .runtime import Factorizer
-
-            kernels, _ = plan(self.schedule)
+            target = Target.parse(self.arch)
             sources = {}
-            for k in kernels:
+            for k in Factorizer(self.m, self.n, self.schedule, target).kernels:
                 path = self.kernel_dir / f"{k.name}.cu"
                 if not path.exists():
                     raise FileNotFoundError(f"{path} is missing: rebuild with qrgen build --shape {self.m}x{self.n} "
                                             f"--batch {self.batch} --arch {self.arch}")
                 sources[k.name] = path.read_text()
-            self._factorizer = Factorizer(self.m, self.n, self.schedule, self.arch, sources=sources)
+            self._factorizer = Factorizer(self.m, self.n, self.schedule, target, sources=sources)
         return self._factorizer
 
     def build(self):
         return self._get().build()
 
     def geqrf(self, a):
-        return self._get()(a)
+        fac = self._get()
+        out = fastpath.fast_geqrf(fac, a)
+        return out if out is not None else fac(a)
 
     def qr(self, a, mode: str = "reduced"):
-        from . import linalg
-
-        return linalg.qr(a, mode, factorizer=self._get())
+        return api.qr(a, mode, factorizer=self._get())
 
     def lstsq(self, a, b):
-        from . import linalg
-
-        return linalg.lstsq(a, b, factorizer=self._get())
+        return api.lstsq(a, b, factorizer=self._get())
 
     def householder_product(self, h, tau, complete: bool = False):
-        from . import linalg
-
-        return linalg.householder_product(h, tau, complete, factorizer=self._get())
+        return api.householder_product(h, tau, complete, factorizer=self._get())
 
     def ormqr(self, h, tau, c, side: str = "L", transpose: bool = False):
-        from . import linalg
-
-        return linalg.ormqr(h, tau, c, side, transpose, factorizer=self._get())
+        return api.ormqr(h, tau, c, side, transpose, factorizer=self._get())

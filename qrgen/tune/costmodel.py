@@ -16,9 +16,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .codegen import aggregates, fused_cluster, fused_layout, plan, whole_min_blocks
-from .problem import Problem
-from .schedule import Schedule
+from ..plan import fused, whole
+from ..plan.layout import aggregates
+from ..plan.planner import plan, resources
+from ..problem import Problem
+from ..schedule.model import Schedule
+from ..targets import Target
+
+SM90 = Target()
 
 SMS = 132
 CLOCK_HZ = 1.7e9
@@ -94,7 +99,7 @@ def _split_us(rows: int, cols: int, width: int, batch: int, passes: int) -> floa
 # The fused panel products (one block per 32 columns per matrix, two resident per SM): about 0.027 µs a row for a
 # block alone at width 32, slower where blocks share SMs. Fitted to the 60 x 1024² panels' launches on the H200
 # (scripts/lanes_timeline.py, fourteenth session): 1024 rows, 32, 64 and 96 columns (60, 120, 180 blocks) 32, 33
-# and 50 µs. Where a launch splits the rows over a cluster (codegen.fused_cluster) each block walks its share of
+# and 50 µs. Where a launch splits the rows over a cluster (plan/fused.cluster) each block walks its share of
 # them, the blocks' partial W added for free (not fitted: the launches on clusters were timed only as whole
 # factorizations, BENCHMARKS.md, fifteenth session).
 FUSED_US_PER_ROW = 0.027
@@ -102,9 +107,9 @@ FUSED_FIXED_US = 5.0
 
 
 def _fused_us(rows: int, cols: int, width: int, batch: int) -> float:
-    cluster = fused_cluster(batch, cols, rows, SMS)
+    cluster = fused.cluster(batch, cols, rows, SMS)
     load = max(1.0, batch * math.ceil(cols / 32) * cluster / SMS)
-    wp = fused_layout(width)["wp"]
+    wp = fused.layout(width)["wp"]
     return FUSED_FIXED_US + -(-rows // cluster) * FUSED_US_PER_ROW * (0.25 + 0.75 * wp / 32) * load ** 1.4
 
 
@@ -119,17 +124,17 @@ def _tsqr_us(L, batch: int, registers: int) -> float:
 
 
 def estimate(schedule: Schedule, problem: Problem) -> Estimate:
-    kernels, launches = plan(schedule)
-    kernels = {k.name: k for k in kernels}
+    p = plan(schedule, SM90)
+    kernels, launches = {k.name: k for k in p.kernels}, p.launches
     batch = problem.batch
     prec = schedule.precision
     panel_us = gemm_us = 0.0
     n_launches = 0
     for index, L in enumerate(launches):
-        res = schedule.resources(index)
+        res = resources(schedule, index, SM90)
         panel = schedule.panels[index]
         if L.inner:
-            per_sm = min(whole_min_blocks(kernels[L.kernel]), 2048 // L.threads, 32)
+            per_sm = min(whole.min_blocks(kernels[L.kernel], SM90.limits), 2048 // L.threads, 32)
             panel_us += L.width * WHOLE_US_PER_COLUMN * max(1.0, batch / (SMS * per_sm))
             n_launches += 1
         elif L.levels:

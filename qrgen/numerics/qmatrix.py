@@ -12,10 +12,23 @@ from __future__ import annotations
 import numpy as np
 
 SIDES = ("L", "R")
-BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen.codegen.TMAT_MAX)
+BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen/plan/tmat.MAX)
 Q_WIDE_BLOCK_FROM = 4096  # householder_product's blocks are 256 wide from this min(m, n) on (q_block)
 Q_PRECISIONS = ("fp32", "tf32x3")  # of householder_product's products
 GRAM_BATCHED_BELOW = 132  # batches smaller than this (the H200's SM count) get all blocks' V, G and T at once (_wy)
+
+
+# Products on device arrays come from the backend that holds them: qrgen.run.device_ops registers CuPy's (cuBLAS, the
+# tf32x3 kernels, the T kernel) under "cupy", each an object with matmul(a, b, subtract_from=None, out=None),
+# tf32x3(a, b, c, alpha, beta) -> bool (False: not taken) and tmatrix(gram, tau).
+DEVICE_OPS: dict[str, object] = {}
+
+
+def device_ops(xp):
+    ops = DEVICE_OPS.get(xp.__name__)
+    if ops is None:
+        raise RuntimeError(f"no device products registered for {xp.__name__} arrays: import qrgen.run.device_ops")
+    return ops
 
 
 def array_module(x):
@@ -28,8 +41,8 @@ def array_module(x):
 
 
 def _matmul(xp, a, b, precision: str = "fp32"):
-    """Batched a @ b; on the GPU in float32 through qrgen.cublas (capturable in a CUDA graph, unlike
-    cupy.matmul), or in "tf32x3" through the gemm3 kernels where they take the product (runtime.gemm3_matmul);
+    """Batched a @ b; on the GPU in float32 through cuBLAS (capturable in a CUDA graph, unlike cupy.matmul), or in
+    "tf32x3" through the tf32x3 kernels where they take the product (DEVICE_OPS);
     in NumPy float32 with tf32x3's rounding where asked (reference.product); float64 (the check) as it is."""
     if xp is np or a.dtype != xp.float32:
         from .reference import matmul, product
@@ -38,19 +51,11 @@ def _matmul(xp, a, b, precision: str = "fp32"):
             return matmul(a, b) if xp is np else xp.matmul(a, b)
 
         return product(a, b, precision)
-    if precision == "tf32x3":  # one output, written by the gemm3 kernels or else cuBLAS
+    if precision == "tf32x3":  # one output, written by the tf32x3 kernels or else cuBLAS
         c = xp.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), dtype=xp.float32)
         _matmul_into(xp, c, a, b, precision)
         return c
-    from .cublas import matmul
-
-    return matmul(a, b)
-
-
-def _gemm3(a, b, c, alpha: float, beta: float) -> bool:
-    from .runtime import gemm3_matmul
-
-    return gemm3_matmul(a, b, c, alpha, beta)
+    return device_ops(xp).matmul(a, b)
 
 
 def _cublas_target(xp, c) -> bool:
@@ -60,32 +65,28 @@ def _cublas_target(xp, c) -> bool:
 
 
 def _sub_matmul(xp, c, a, b, precision: str = "fp32"):
-    """c -= a @ b in place (c a view of a larger array is updated where it lies); on the GPU one cuBLAS (or gemm3)
+    """c -= a @ b in place (c a view of a larger array is updated where it lies); on the GPU one cuBLAS (or tf32x3)
     call with beta 1 for float32 row-major c, no temporary and no separate subtraction."""
     if not _cublas_target(xp, c):
         c -= _matmul(xp, a, b, precision)
         return
-    if precision == "tf32x3" and _gemm3(a, b, c, -1.0, 1.0):
+    if precision == "tf32x3" and device_ops(xp).tf32x3(a, b, c, -1.0, 1.0):
         return
-    from .cublas import matmul
-
-    matmul(a, b, subtract_from=c)
+    device_ops(xp).matmul(a, b, subtract_from=c)
 
 
 def _matmul_into(xp, out, a, b, precision: str = "fp32") -> None:
-    """out = a @ b, out a view of a larger array written where it lies (on the GPU one cuBLAS or gemm3 call, beta
-    0)."""
+    """out = a @ b, out a view of a larger array written where it lies (on the GPU one cuBLAS or tf32x3 call,
+    beta 0)."""
     if not _cublas_target(xp, out):
         out[...] = _matmul(xp, a, b, precision)
         return
-    if precision == "tf32x3" and _gemm3(a, b, out, 1.0, 0.0):
+    if precision == "tf32x3" and device_ops(xp).tf32x3(a, b, out, 1.0, 0.0):
         return
-    from .cublas import matmul
-
-    matmul(a, b, out=out)
+    device_ops(xp).matmul(a, b, out=out)
 
 
-def _set_diagonal(x, value) -> None:
+def set_diagonal(x, value) -> None:
     """x[:, i, i] = value for i < min of the last two dimensions, through a strided view of the C-contiguous
     (batch, r, c) array x: one fill, where an index array would scatter."""
     batch, r, c = x.shape
@@ -94,12 +95,10 @@ def _set_diagonal(x, value) -> None:
 
 def _tmatrix(xp, gram, tau):
     if xp is np or tau.dtype != xp.float32:
-        from .reference import _tmatrix as tmatrix
+        from .reference import tmatrix
 
         return tmatrix(gram, tau, xp)
-    from .runtime import tmatrix_gpu
-
-    return tmatrix_gpu(gram, tau)
+    return device_ops(xp).tmatrix(gram, tau)
 
 
 def q_block(m: int, n: int) -> int:
@@ -140,7 +139,7 @@ def _block_reflectors(xp, h, block: int):
 def _wy_block(xp, h, tau, c0: int, w: int):
     """V (batch, m - c0, w) and T (batch, w, w) of the reflectors c0 .. c0 + w - 1."""
     v = xp.tril(h[:, c0:, c0:c0 + w], -1)  # a new C-contiguous array
-    _set_diagonal(v, 1)
+    set_diagonal(v, 1)
     t = _tmatrix(xp, _matmul(xp, v.transpose(0, 2, 1), v), xp.ascontiguousarray(tau[:, c0:c0 + w]))
     return v, t
 
@@ -201,7 +200,7 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BL
 def householder_product(h, tau, complete: bool = False, block: int | None = None, precision: str = "fp32"):
     """Q (batch, m, k) from (h, tau), or (batch, m, m) with complete=True, in blocks of `block` reflectors
     (default q_block(m, n)). precision: of the two products a block applies to Q, "fp32" (cuBLAS) or "tf32x3"
-    (the gemm3 kernels where they take a product, else cuBLAS fp32; T and its Gram matrix stay fp32).
+    (the tf32x3 kernels where they take a product, else cuBLAS fp32; T and its Gram matrix stay fp32).
 
     Q = B_0 ... B_{q-1} I, the last block first. Before B_i (first column c0, width w) is applied, the later
     blocks have changed only rows and columns from c0 + w on: the columns left of c0 are still those of I, zero in
@@ -216,7 +215,7 @@ def householder_product(h, tau, complete: bool = False, block: int | None = None
     block = q_block(m, n) if block is None else block
     blocks(m, n, block)  # checks block before anything is allocated
     q = xp.zeros((batch, m, cols), dtype=h.dtype)
-    _set_diagonal(q, 1)
+    set_diagonal(q, 1)
     for c0, v, t in _wy(xp, h, tau, block, reverse=True):
         part, w = q[:, c0:, c0:], v.shape[2]
         vtp = xp.empty((batch, w, part.shape[2]), dtype=h.dtype)

@@ -1,18 +1,50 @@
-"""The rest of the factorization on the GPU, with geqrf's array contract: householder_product (Q), ormqr (Q or Q^T
-times C without forming Q), qr (numpy.linalg.qr's modes) and lstsq, batched over any leading dimensions.
+"""qrgen's functions on device arrays: geqrf, and with geqrf's array contract householder_product (Q), ormqr (Q or
+Q^T times C without forming Q), qr (numpy.linalg.qr's modes) and lstsq, batched over any leading dimensions.
 
 Inputs are float32 CUDA arrays (torch, CuPy or any __dlpack__ array); results are of the first input's kind, on its
-device, queued on the caller's current stream; inputs are not modified. The algorithm is qrgen.qmatrix's, which the
-CPU tests run on NumPy arrays (qrgen.reference has the NumPy entry points); qr's Q for schedules without aggregates
-comes instead from the factorization's own panels (runtime.drive_q, run in NumPy by qrgen.simulate.qr).
+device, queued on the caller's current stream; inputs are not modified. The algorithm of the Q functions is
+qrgen.numerics.qmatrix's, which the CPU tests run on NumPy arrays (qrgen.numerics.reference has NumPy entry points);
+qr's Q for schedules without wide aggregates comes instead from the factorization's own panels (a keep plan).
 """
 from __future__ import annotations
 
 import math
 
-from . import codegen, qmatrix, replay
-from .runtime import as_device_array, device_arch, factor_device, factorizer_for, fast_qr, on_caller_stream
-from .schedule import check_precision
+from .numerics import qmatrix
+from .plan import tf32x3
+from .run import device_ops, fastpath, replay  # noqa: F401 (device_ops registers the GPU products)
+from .run.arrays import as_device_array, on_caller_stream
+from .run.factorizer import factor_device, run_wrapped
+from .run.launch import device_target
+from .run.registry import factorizer_for
+from .schedule.files import check_precision
+
+def geqrf(a, *, precision: str | None = None):
+    """QR factorization of a batch: a is (..., m, n) float32 on a CUDA device (torch, CuPy or DLPack).
+
+    Returns (h, tau) of a's kind, on its device and current stream, in LAPACK's geqrf convention: h holds R on
+    and above the diagonal and the reflectors' tails below it; tau (..., min(m, n)) their scalars. a is not
+    modified. Non-contiguous input is accepted (it is copied into h, which is always C-contiguous).
+    precision: None runs the shape's schedule as it is (from 2048 columns that may mean tf32 inputs to the
+    trailing update's products: within the accuracy gates, about 300 times the backward error of fp32); "fp32"
+    runs the same schedule with every product from fp32 inputs.
+    """
+    if precision is None:
+        out = fastpath.fast_geqrf(None, a)
+        if out is not None:
+            return out
+    check_precision(precision)
+    arr = as_device_array(a)
+    data = arr.data
+    if data.ndim < 2:
+        raise ValueError(f"qrgen.geqrf needs an array of shape (..., m, n); got shape {tuple(data.shape)}")
+    m, n = data.shape[-2:]
+    batch = math.prod(data.shape[:-2])
+    if m == 0 or n == 0 or batch == 0:
+        return run_wrapped(None, arr)
+    fac = factorizer_for(m, n, batch, device_target(data.device.id), precision)
+    return run_wrapped(fac, arr)
+
 
 MODES = ("reduced", "complete", "r", "raw")
 # qr forms Q from the factorization's kept panels (a rank-width update per panel, few launches) up to this many
@@ -24,18 +56,18 @@ KEEP_MAX_AGGREGATE = 128
 
 
 def keeps_q(schedule, launches: int, q_floats: int, exact: bool = False) -> bool:
-    """Whether qr forms Q from a keep plan of `schedule` (runtime.drive_q) rather than from h and tau by
+    """Whether qr forms Q from a keep plan of `schedule` (run/sequence.drive_q) rather than from h and tau by
     qrgen.qmatrix. Only where every kept T comes from an fp32-class Gram matrix (Precision.gram fp32: the
     aggregates' G then fp32 or tf32x3), since Q's orthogonality is T's accuracy; then for aggregates, for one
     panel, or for a Q of up to KEEP_MAX_FLOATS floats. Not for aggregates wider than KEEP_MAX_AGGREGATE: measured
     on the H200 at 40 x 176² (one aggregate of all 176 columns; BENCHMARKS.md, sixteenth session, graph replay),
     qr through the keep plan 355 us with T by halves, geqrf then householder_product 334 (793 us before, with T
     from one thread a row). exact (qr's precision="fp32"): not where Q's products would take tf32x3
-    (codegen.q_precision: aggregates of GEMM3_MIN columns or more), since every product is then to be fp32."""
+    (plan/tf32x3.q_precision: aggregates of tf32x3.MIN columns or more), since every product is then to be fp32."""
     good_t = schedule.precision.gram == "fp32" or (
         not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
     aggregate = min(schedule.aggregate, schedule.m, schedule.n)
-    if aggregate > KEEP_MAX_AGGREGATE or (exact and codegen.q_precision(aggregate) != "fp32"):
+    if aggregate > KEEP_MAX_AGGREGATE or (exact and tf32x3.q_precision(aggregate) != "fp32"):
         return False
     return good_t and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)
 
@@ -59,7 +91,7 @@ def _factorizer(m: int, n: int, batch: int, device: int, factorizer=None, precis
         return None
     if factorizer is not None:
         return factorizer
-    return factorizer_for(m, n, batch, device_arch(device), precision)
+    return factorizer_for(m, n, batch, device_target(device), precision)
 
 
 def _check_shape(m: int, n: int, factorizer, what: str = "a") -> None:
@@ -76,8 +108,8 @@ def _check_tau(h, tau):
 
 def householder_product(h, tau, complete: bool = False, *, precision: str | None = None, factorizer=None):
     """Q of a geqrf result: (..., m, min(m, n)), or (..., m, m) with complete=True. precision: None (the products
-    that apply blocks of 64 reflectors or more to Q in tf32x3 on the gemm3 kernels, near fp32's accuracy and faster:
-    BENCHMARKS.md) or "fp32" (every product in fp32, cuBLAS). (`factorizer`: a generated module's, which checks the
+    that apply blocks of 64 reflectors or more to Q in tf32x3, near fp32's accuracy and faster:
+    docs/decisions.md#q-products-tf32x3) or "fp32" (every product in fp32, cuBLAS). (`factorizer`: a generated module's, which checks the
     shape.)"""
     check_precision(precision)
     arrs = _arrays(h=h, tau=tau)
@@ -125,7 +157,7 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
     R (..., m, n)), "r" (R (..., k, n) alone, as NumPy returns it) and "raw" ((h, tau) with h as NumPy gives it,
     (..., n, m): the transpose of geqrf's h, a view without copy). precision: as for qrgen.geqrf."""
     if mode == "reduced" and precision is None:
-        out = fast_qr(factorizer, a)  # one launch, where an earlier call on this device prepared it
+        out = fastpath.fast_qr(factorizer, a)  # one launch, where an earlier call on this device prepared it
         if out is not None:
             return out
     if mode not in MODES:
@@ -158,10 +190,10 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
         def run(stream, x):
             if keep is None:
                 return _q_and_r(*fac.run(x, stream), mode, precision)
-            import cupy  # Q from the factorization's kept panels or aggregates: two GEMMs each (runtime.drive_q)
+            import cupy  # Q from the factorization's kept panels or aggregates: two GEMMs each (drive_q)
 
             q = cupy.zeros((batch, m, qcols), dtype=cupy.float32)
-            qmatrix._set_diagonal(q, 1)
+            qmatrix.set_diagonal(q, 1)
             h, _ = keep.run(x, stream, q=q)
             return q, qmatrix.r_factor(h, complete=mode == "complete")
 

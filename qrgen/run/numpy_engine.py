@@ -1,11 +1,11 @@
-"""The GPU launch sequence (runtime.drive) run by NumPy: every offset, leading dimension and batch stride the
+"""The CPU backend's engine: the GPU launch sequence (run/sequence.drive) run by NumPy: every offset, leading dimension and batch stride the
 kernels and cuBLAS calls receive, exercised without a GPU.
 
 The engine stands in for each operation with what the kernel or cuBLAS computes: a panel kernel by the reference's
 panel factorization (writing h, tau, V^T at its place in the aggregate's buffer and (V T)^T), a product by a
 strided-batched GEMM over flat per-matrix buffers with its inputs rounded as its precision says, the T kernel by
 the slarft recurrence. Tests compare the result with the reference, which does the same algorithm on arrays.
-A lookahead schedule's side-lane work is held back until the join (or, before a mark, the wait_mark) that waits
+A lookahead schedule's side-stream work is held back until the join (or, before a mark, the wait_mark) that waits
 for it, the latest point the GPU could run it: an operation queued meanwhile that read its results, or overwrote
 what it reads, would change the result.
 """
@@ -14,38 +14,41 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import qmatrix
-from .codegen import aggregates, kept_blocks, plan, tsqr_phases
-from .reference import (_panel, _tmatrix, factor_whole, matmul, product, round_to, scale, scale_exponents, tsqr_expand,
-                        tsqr_factor_tiles, tsqr_lu, tsqr_reflectors, tsqr_tiles)
-from .schedule import Schedule
+from ..numerics import qmatrix
+from ..numerics.reference import (factor_whole, matmul, panel_factor, product, round_to, scale, scale_exponents,
+                                  tmatrix, tsqr_expand, tsqr_factor_tiles, tsqr_lu, tsqr_reflectors, tsqr_tiles)
+from ..plan.planner import plan
+from ..plan.tsqr import tsqr_phases
+from ..targets import Target
+from .buffers import Sizes, buffer_names
+from .sequence import drive, drive_q
+
+CPU = Target("cpu", "numpy")
 
 
-class _Fac:
-    """What drive() reads of a Factorizer."""
+class CpuFactorizer:
+    """What drive() reads of a factorizer: a schedule's plan on the CPU backend."""
 
-    def __init__(self, schedule: Schedule, keep: bool = False):
+    def __init__(self, schedule, keep: bool = False, target: Target = CPU):
         self.m, self.n, self.k = schedule.m, schedule.n, min(schedule.m, schedule.n)
         self.schedule = schedule
         self.keep = keep
-        self.kernels, self.launches = plan(schedule, keep)
-        self.aggregates = aggregates(schedule)
-        self.kept = kept_blocks(self.launches, self.aggregates) if keep else ()
+        self.plan = plan(schedule, target, keep)
+        self.kernels, self.launches = self.plan.kernels, self.plan.launches
+        self.aggregates, self.kept = self.plan.aggregates, self.plan.kept
 
 
 class NumpyEngine:
-    def __init__(self, fac: _Fac, h: np.ndarray, tau: np.ndarray):
-        from .runtime import Sizes, buffer_names
-
+    def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray):
         self.fac = fac
         self.sizes = Sizes.of(fac)
         self.nb = h.shape[0]
-        self.sms = 132  # the H200's, for the lookahead's side pieces (runtime.side_pieces)
+        self.sms = 132  # the H200's, for the lookahead's side pieces (run/sequence.side_pieces)
         self.tau = tau
         self.buffers = {"h": h.reshape(self.nb, -1)}
         for name in buffer_names(fac):
             self.buffers[name] = np.full((self.nb, self.sizes.floats(name)), np.nan, dtype=np.float32)
-        self.buffers["t"] = np.full((self.nb, self.sizes.g), np.nan, dtype=np.float32)
+        self.buffers["tmat"] = np.full((self.nb, self.sizes.gram), np.nan, dtype=np.float32)
         self.log: list[tuple] = []
         self.held: list = []  # side-lane work not yet run, as (function, args), and marks (the module's docstring)
 
@@ -72,10 +75,10 @@ class NumpyEngine:
             t, vv, tm = self._tsqr(L, h[:, L.c0:, L.c0:L.c0 + L.width])
         else:
             p = np.ascontiguousarray(h[:, L.c0:, L.c0:L.c0 + L.width])
-            t, vv = _panel(p)
+            t, vv = panel_factor(p)
             h[:, L.c0:, L.c0:L.c0 + L.width] = p
             vr = round_to(vv, self.fac.schedule.panel_gram(index))
-            tm = _tmatrix(matmul(vr.transpose(0, 2, 1), vr), t)
+            tm = tmatrix(matmul(vr.transpose(0, 2, 1), vr), t)
         self.tau[:, L.c0:L.c0 + L.width] = t
         if L.trail:
             self._matrix(v[0], v[1], L.v_bs, L.width, L.rows, L.v_ld)[...] = vv.transpose(0, 2, 1)
@@ -84,13 +87,13 @@ class NumpyEngine:
         self.log.append(("panel", index, epoch))
 
     def _tsqr(self, L, panel):
-        """A tsqr panel phase by phase (codegen.tsqr_phases) through the work buffer "ts" at the offsets the kernel
+        """A tsqr panel phase by phase (plan/tsqr.tsqr_phases) through the work buffer "tsqr_tree" at the offsets the kernel
         gets, each phase reading only what earlier phases wrote there (the buffer starts as NaN); returns tau, V
         and the panel's T."""
         w, tile, nb = L.width, L.tile, self.nb
-        ts = self.buffers["ts"]
+        ts = self.buffers["tsqr_tree"]
 
-        def region(offset, rows, cols=w):  # (nb, rows, cols) at a float offset of each matrix's "ts"
+        def region(offset, rows, cols=w):  # (nb, rows, cols) at a float offset of each matrix's "tsqr_tree"
             return ts[:, offset:offset + rows * cols].reshape(nb, rows, cols)
 
         def parent(ph):  # the tiles' Y: the identity at the root
@@ -138,8 +141,8 @@ class NumpyEngine:
 
     def _tmat(self, agg):
         a = agg.a1 - agg.a0
-        g = self._matrix("g", 0, self.sizes.g, a, a, a)
-        self._matrix("t", 0, self.sizes.g, a, a, a)[...] = _tmatrix(np.triu(g, 1), self.tau[:, agg.a0:agg.a1])
+        g = self._matrix("gram", 0, self.sizes.gram, a, a, a)
+        self._matrix("tmat", 0, self.sizes.gram, a, a, a)[...] = tmatrix(np.triu(g, 1), self.tau[:, agg.a0:agg.a1])
 
     def scale(self, phase):
         h = self.buffers["h"].reshape(self.nb, self.fac.m, self.fac.n)
@@ -199,42 +202,38 @@ class NumpyEngine:
         opb = mb.transpose(0, 2, 1) if trans_b else mb
         prod = product(np.ascontiguousarray(opa), np.ascontiguousarray(opb), precision)
         mc[...] = alpha * prod + (beta * mc if beta else 0.0)
-        if via == "split":  # the split kernels' two patterns only (fp32 FMAs, summed in another order)
+        if via == "rowsplit":  # the rowsplit kernels' two patterns only (fp32 FMAs, summed in another order)
             assert precision == "fp32" and ((stage, trans_a, alpha, beta) == ("project", False, 1.0, 0.0) or
                                             (stage, trans_a, alpha, beta) == ("update", True, -1.0, 1.0))
 
 
-def qr(a: np.ndarray, schedule: Schedule, complete: bool = False) -> tuple[np.ndarray, np.ndarray, list]:
-    """(Q, h, log) of a (batch, m, n) by a keep plan's launch sequence and then runtime.drive_q, in NumPy float32:
+def qr(a: np.ndarray, schedule, complete: bool = False) -> tuple[np.ndarray, np.ndarray, list]:
+    """(Q, h, log) of a (batch, m, n) by a keep plan's launch sequence and then run/sequence.drive_q, in NumPy float32:
     Q (batch, m, k), or (batch, m, m) with complete=True."""
-    from .runtime import drive, drive_q
-
     a = np.asarray(a, dtype=np.float32)
     batch, m, n = a.shape
-    fac = _Fac(schedule, keep=True)
+    fac = CpuFactorizer(schedule, keep=True)
     h = a.copy()
     tau = np.zeros((batch, fac.k), dtype=np.float32)
     engine = NumpyEngine(fac, h, tau)
     drive(fac, engine)
     qcols = m if complete else fac.k
     q = np.zeros((batch, m, qcols), dtype=np.float32)
-    qmatrix._set_diagonal(q, 1)
+    qmatrix.set_diagonal(q, 1)
     engine.buffers["q"] = q.reshape(batch, -1)
     drive_q(fac, engine, qcols)
-    assert not engine.held, "side-lane work left unjoined"
+    assert not engine.held, "side-stream work left unjoined"
     return q, h, engine.log
 
 
-def geqrf(a: np.ndarray, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, list]:
+def geqrf(a: np.ndarray, schedule) -> tuple[np.ndarray, np.ndarray, list]:
     """(h, tau, log of operations) of a (batch, m, n) by the GPU launch sequence, run in NumPy float32."""
-    from .runtime import drive
-
     a = np.asarray(a, dtype=np.float32)
     batch, m, n = a.shape
-    fac = _Fac(schedule)
+    fac = CpuFactorizer(schedule)
     h = a.copy()
     tau = np.zeros((batch, fac.k), dtype=np.float32)
     engine = NumpyEngine(fac, h, tau)
     drive(fac, engine)
-    assert not engine.held, "side-lane work left unjoined"
+    assert not engine.held, "side-stream work left unjoined"
     return h, tau, engine.log

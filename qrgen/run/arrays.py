@@ -1,0 +1,108 @@
+"""Arrays in and out: torch tensors, CuPy arrays and any __dlpack__ array on a CUDA device, seen as CuPy arrays
+without copies, and results handed back as the caller's kind, on the caller's device and stream."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_KDLCUDA = 2
+
+@dataclass
+class DeviceArray:
+    """The input seen as a CuPy array (no copy), and how to hand results back as the caller's kind."""
+
+    data: object  # cupy.ndarray
+    stream_ptr: int | None  # the caller's current stream (torch), None for CuPy's current stream
+    wrap: object = field(default=None)
+
+def describe(a) -> str:
+    return f"{type(a).__module__}.{type(a).__qualname__}"
+
+def as_device_array(a) -> DeviceArray:
+    """Accept a torch.Tensor, cupy.ndarray or any object with __dlpack__ on a CUDA device, without copying."""
+    import cupy
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        if a.device.type != "cuda":
+            raise TypeError(f"qrgen needs a CUDA tensor; got a torch.Tensor on {a.device}: move it with a.cuda()")
+        check_dtype(str(a.dtype).replace("torch.", ""))
+        if a.is_neg():  # a lazily negated view: its memory holds -a
+            a = a.resolve_neg()
+        device = a.get_device()
+        return DeviceArray(cupy_view(cupy, a, device), torch_stream(torch, device), torch.from_dlpack)
+    if isinstance(a, cupy.ndarray):
+        check_dtype(str(a.dtype))
+        return DeviceArray(a, None, lambda x: x)
+    if isinstance(a, np.ndarray) or not hasattr(a, "__dlpack__"):
+        hint = " (a NumPy array lives on the host: use cupy.asarray(a))" if isinstance(a, np.ndarray) else ""
+        raise TypeError(f"qrgen takes a float32 array on a CUDA device (torch.Tensor, cupy.ndarray or any "
+                        f"__dlpack__ array); got a host or unknown array {describe(a)}{hint}")
+    device_type, _ = a.__dlpack_device__()
+    if int(device_type) != _KDLCUDA:
+        raise TypeError(f"qrgen takes arrays on a CUDA device; {describe(a)} is on DLPack device type "
+                        f"{int(device_type)} (1 is the host)")
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None:
+        check_dtype(str(dtype))
+    data = cupy.from_dlpack(a)
+    check_dtype(str(data.dtype))
+    module = sys.modules.get(type(a).__module__.split(".")[0])
+    back = getattr(module, "from_dlpack", None) if module is not None else None
+    return DeviceArray(data, None, back or (lambda x: x))
+
+def cupy_view(cupy, a, device: int):
+    """A CuPy array over a CUDA float32 torch.Tensor's memory (its strides, the tensor kept alive as the owner): no
+    DLPack exchange, whose stream handshake is not needed where the work runs on the tensor's current stream."""
+    shape, strides = tuple(a.shape), tuple(4 * s for s in a.stride())
+    if not a.numel():
+        return cupy.empty(shape, cupy.float32)
+    extent = 4 + sum((d - 1) * s for d, s in zip(shape, strides))
+    memory = cupy.cuda.UnownedMemory(a.data_ptr(), extent, a, device)
+    return cupy.ndarray(shape, cupy.float32, cupy.cuda.MemoryPointer(memory, 0), strides)
+
+def torch_stream(torch, device: int) -> int:
+    """The handle of torch's current stream on a device (torch's raw accessor where it has one: a Stream object
+    costs about 8 us of host time)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+def check_dtype(name: str) -> None:
+    if name != "float32":
+        raise TypeError(f"qrgen factors float32 matrices; got dtype {name}: convert with .astype('float32') "
+                        f"(CuPy) or .float() (torch)")
+
+@contextlib.contextmanager
+def on_caller_stream(arr: DeviceArray):
+    """Make the array's device current and the caller's stream CuPy's current stream; yields that stream."""
+    import cupy
+
+    with contextlib.ExitStack() as scope:
+        if cupy.cuda.runtime.getDevice() != arr.data.device.id:
+            scope.enter_context(cupy.cuda.Device(arr.data.device.id))
+        if arr.stream_ptr is None:
+            stream = cupy.cuda.get_current_stream()
+        else:
+            stream = external_stream(arr.stream_ptr)
+            scope.enter_context(stream)
+        yield stream
+
+_EXTERNAL_STREAMS: dict[int, object] = {}
+
+def external_stream(ptr: int):
+    """CuPy's handle on another framework's stream (kept per pointer: creating one per call costs host time)."""
+    stream = _EXTERNAL_STREAMS.get(ptr)
+    if stream is None:
+        import cupy
+
+        class _Handle:  # the CUDA stream protocol, for Stream.from_external
+            def __cuda_stream__(self):
+                return (0, ptr)
+
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        stream = from_external(_Handle()) if from_external else cupy.cuda.ExternalStream(ptr)
+        _EXTERNAL_STREAMS[ptr] = stream
+    return stream

@@ -1,0 +1,84 @@
+"""The work buffers a plan needs beside h and tau, and their sizes in floats per matrix.
+
+reflectors      V^T of a panel, or of an aggregate (its panels write into it)
+panel_wy        (V T)^T of a panel
+w               W of a trailing update (w_side: the side stream's, with lookahead)
+gram            G = V^T V of an aggregate (and its parts, gram_splits); tmat: its T
+aggregate_wy    (V T)^T of an aggregate
+q_w             W of Q's products (keep plans)
+tsqr_tree       a tsqr panel's tree (plan/tsqr.tsqr_layout)
+With lookahead, an aggregate's reflectors and aggregate_wy rotate over two buffers (_2), three with Schedule.reach
+(_3): the side stream still reads one aggregate's while the next one's (and with reach the one after's) panels
+write theirs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import tf32x3
+from ..plan.tsqr import tsqr_layout
+
+GRAM_SPLITS_MAX = 8  # parts of an aggregate's G at most (gram_splits)
+GRAM_SPLIT_ROWS = 256  # rows of V a part at least
+# a rotating buffer's size is its first one's
+SIZE_OF = {"reflectors_2": "reflectors", "reflectors_3": "reflectors", "aggregate_wy_2": "aggregate_wy",
+           "aggregate_wy_3": "aggregate_wy", "w_side": "w", "tmat": "gram"}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Floats per matrix of each work buffer."""
+
+    reflectors: int
+    panel_wy: int
+    w: int
+    gram: int
+    aggregate_wy: int
+    q_w: int = 1
+    tsqr_tree: int = 1
+
+    def floats(self, name: str) -> int:
+        return getattr(self, SIZE_OF.get(name, name))
+
+    @classmethod
+    def of(cls, fac) -> "Sizes":
+        trail = [L for L in fac.launches if L.trail] or fac.launches
+        # a keep plan merges every aggregate, the last one too (for Q); a plain plan those with columns after them
+        aggs = [a for a in fac.aggregates if a.nc > 0 or fac.keep]
+        kept = sum(b.width * b.rows for b in fac.kept)  # every kept block's region (keep plans)
+        return cls(reflectors=max([L.v_bs for L in trail] + [kept]),
+                   panel_wy=max([L.width * L.rows for L in trail] + [kept if not fac.aggregates else 0]),
+                   q_w=max([b.width * (fac.m - b.c0) for b in fac.kept] + [1]),
+                   w=max([L.width * L.nc for L in fac.launches] + [(a.a1 - a.a0) * a.nc for a in aggs] + [1]),
+                   gram=max([(a.a1 - a.a0) ** 2 for a in aggs] + [1]),
+                   aggregate_wy=max([(a.a1 - a.a0) * a.rows for a in aggs] + [kept if fac.aggregates else 0] + [1]),
+                   tsqr_tree=max([tsqr_layout(L.levels, L.width).floats for L in fac.launches if L.levels] + [1]))
+
+
+def reaches(fac) -> bool:
+    """Whether a plan's panels reach through the next aggregate (Schedule.reach, with two aggregates or more)."""
+    return any(a.c1 > a.a1 for a in fac.aggregates)
+
+
+def buffer_names(fac) -> tuple[str, ...]:
+    """The work buffers of a plan (the module's docstring; a keep plan's aggregates have regions of their own, so it
+    needs no rotation)."""
+    names = ("reflectors", "panel_wy", "w", "gram", "aggregate_wy")
+    ahead = fac.schedule.lookahead
+    rotate = (() if not ahead or fac.keep else
+              ("reflectors_2", "aggregate_wy_2", "reflectors_3", "aggregate_wy_3") if reaches(fac) else
+              ("reflectors_2", "aggregate_wy_2"))
+    return (names + rotate + (("w_side",) if ahead else ())
+            + (("q_w",) if fac.keep else ()) + (("tsqr_tree",) if any(L.levels for L in fac.launches) else ()))
+
+
+def gram_splits(fac, chunk: int, sms: int) -> int:
+    """Parts to split the K (rows of V) of an aggregate's G = V^T V into, for `chunk` matrices: where the tf32x3
+    gram kernel can take G (an fp32 Gram precision) and the matrices' upper 64 x 64 tiles fill fewer than two blocks
+    per SM, enough parts for about that many, at most GRAM_SPLITS_MAX; else 1 (docs/decisions.md#gram-splits). The
+    parts are written apart and the T kernel adds them as it stages G."""
+    if "gram" not in tf32x3.kinds(fac.schedule):
+        return 1
+    a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
+    tiles = sum(1 for i in range(-(-a // 64)) for j in range(-(-a // 64)) if i <= j)
+    return max(1, min(GRAM_SPLITS_MAX, 2 * sms // (chunk * tiles)))

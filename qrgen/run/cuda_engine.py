@@ -1,0 +1,261 @@
+"""The CUDA engine: run/sequence.drive's operations as kernel launches and cuBLAS calls on CuPy's current stream
+(and a lookahead's side stream), and factor(), which drives a batch through it chunk by chunk."""
+from __future__ import annotations
+
+import contextlib
+
+from ..plan import fused, rowsplit, scale, tf32x3, tmat, tsqr
+from ..plan.family import PANEL_SIGNATURE
+from . import cublas
+from .buffers import GRAM_SPLIT_ROWS
+from .engine import SkipStages
+from .launch import PackedArgs, launch_panel
+from .sequence import drive, drive_q
+
+class CudaEngine:
+    """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
+
+    def __init__(self, fac, ws, funcs: dict, h, tau, src, stages: list | None, device_id: int, streams=None):
+        import cupy
+
+        self.fac, self.ws, self.funcs, self.stages, self.streams = fac, ws, funcs, stages, streams
+        self.cupy = cupy
+        self.device_id = device_id
+        self.stream_ptr = cupy.cuda.get_current_stream().ptr
+        self.sizes, self.sms = ws.sizes, ws.sms
+        self.nb = h.shape[0]
+        # The side stream's GEMMs plan for the SMs the panels leave (docs/decisions.md#side-sms)
+        self.side_sms = max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb)
+        self.h, self.tau, self.src = h, tau, src
+        self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr
+        self.src_ptr = None if src is None else src.data.ptr
+        self.strides = ws.strides
+        self.ptrs = {**ws.ptrs, "h": self.h_ptr}
+        self.gram_parts = 1  # the parts the last G came in (gram_splits), for the T kernel that reads it
+
+    def _mark(self, stage, launch):
+        if self.stages is None:
+            return None
+        start, stop = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+        start.record()
+        self.stages.append((stage, launch, start, stop))
+        return stop
+
+    def _done(self, stop):
+        if stop is not None:
+            stop.record()
+
+    def zero(self, name):
+        self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], self.stream_ptr)
+
+    def panel(self, index, L, epoch, v, z):
+        _, func = self.funcs[L.kernel]
+        src = self.src_ptr if (index == 0 and self.src_ptr is not None) else self.h_ptr
+        stop = self._mark("panel", L)
+        if L.levels:
+            self._tsqr(index, func, L, src, v, z)
+            self._done(stop)
+            return
+        ws = self.ws
+        with self.fac.lock:  # the packed values are shared with the fast lane's launches (launch_direct)
+            args = ws.panel_args.get(index)
+            if args is None:  # the same for every call on this workspace but src, h and tau
+                args = ws.panel_args[index] = PackedArgs(PANEL_SIGNATURE, (
+                    src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
+                    ws.exchange.data.ptr, ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
+            else:
+                args.set(0, src)
+                args.set(1, self.h_ptr)
+                args.set(2, self.tau_ptr)
+                if self.fac.keep:  # the kept regions' offsets scale with the chunk's matrices
+                    args.set(3, ws.ptrs[v[0]] + 4 * v[1])
+                    args.set(4, ws.ptrs[z[0]] + 4 * z[1])
+            launch_panel(func, L, self.nb, self.stream_ptr, args)
+        self._done(stop)
+
+    def _tsqr(self, index, func, L, src, v, z):
+        """A tsqr panel: one launch per phase of plan/tsqr.tsqr_phases, every tile of every matrix a block. Each
+        phase's arguments are packed once per workspace; a call rewrites only src, h and tau (and the V^T and (VT)^T
+        offsets in keep plans, which scale with the chunk)."""
+        ws = self.ws
+        packed = ws.tsqr_args.get(index)
+        if packed is None:
+            packed = ws.tsqr_args[index] = [
+                (ph.tiles, PackedArgs(tsqr.SIGNATURE, (
+                    src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
+                    ws.ptrs["tsqr_tree"], self.strides["tsqr_tree"], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
+                    L.c0, L.v_ld, L.v_bs))) for ph in tsqr.tsqr_phases(L.levels, L.width)]
+        launch = self.cupy.cuda.driver.launchKernel
+        for tiles, args in packed:
+            args.set(0, src)
+            args.set(1, self.h_ptr)
+            args.set(2, self.tau_ptr)
+            if self.fac.keep:
+                args.set(3, ws.ptrs[v[0]] + 4 * v[1])
+                args.set(4, ws.ptrs[z[0]] + 4 * z[1])
+            launch(func.ptr, tiles, self.nb, 1, L.threads, 1, 1, 0, self.stream_ptr, args.address, 0)
+
+    def tmat(self, agg, side=False):
+        _, func = self.funcs[tmat.NAME]
+        a = agg.a1 - agg.a0
+        stop = self._mark("tmat", None)
+        self.launch(func, (self.nb, 1, 1), tmat.THREADS, tmat.shared_bytes(a), tmat.SIGNATURE,
+                     (self.ptrs["gram"], self.tau_ptr + 4 * agg.a0, self.ptrs["tmat"], a, self.sizes.gram, self.fac.k,
+                      self.gram_parts, self.ws.chunk * self.sizes.gram),
+                     self.streams.side.ptr if side and self.streams is not None else None)
+        self._done(stop)
+
+    def scale(self, phase):
+        """Schedule.scaled's power-of-two scale per matrix: phase 0, the scale (the input's largest magnitudes)
+        then h = the input scaled (the copy into h where h is not yet one: the panels then read h); phase 2, R
+        scaled back (plan/scale.py)."""
+        _, func = self.funcs[scale.NAME]
+        stop = self._mark("scale", None)
+        per_matrix = max(1, -(-8 * self.sms // self.nb))  # about 8 blocks per SM over the chunk
+        grid = (min(per_matrix, -(-self.fac.m * self.fac.n // (4 * scale.THREADS))), self.nb, 1)
+        amax = self.ws.amax.data.ptr
+        if phase == 0:
+            self.cupy.cuda.runtime.memsetAsync(amax, 0, 4 * self.nb, self.stream_ptr)
+        src = self.src_ptr if (phase == 0 and self.src_ptr is not None) else self.h_ptr
+        for p in ((0, 1) if phase == 0 else (2,)):
+            self.launch(func, grid, scale.THREADS, 0, scale.SIGNATURE,
+                         (src, self.h_ptr, amax, p, self.fac.m, self.fac.n))
+        self.src_ptr = None
+        self._done(stop)
+
+    def launch(self, func, grid, threads, shared, signature: str, values, stream=None):
+        """One driver call with the arguments packed as it takes them (one packed set per signature, rewritten
+        each launch: the driver copies the values when the launch is queued): a few µs of host time where CuPy's
+        generic kernel call takes about 10."""
+        args = self.ws.packed.get(signature)
+        if args is None:
+            args = self.ws.packed[signature] = PackedArgs(signature, values)
+        else:
+            for i, v in enumerate(values):
+                args.set(i, v)
+        self.cupy.cuda.driver.launchKernel(func.ptr, *grid, threads, 1, 1, shared,
+                                           self.stream_ptr if stream is None else stream, args.address, 0)
+
+    def fork(self):
+        if self.streams is not None:
+            self.streams.fork()
+
+    def join(self):
+        if self.streams is not None:
+            self.streams.join()
+
+    def mark(self):
+        if self.streams is not None:
+            self.streams.mark()
+
+    def wait_mark(self):
+        if self.streams is not None:
+            self.streams.wait_mark()
+
+    def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+             precision, via="cublas", side=False):
+        """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T; via "rowsplit":
+        a panel's projection (W = Z^T C) or update (C -= V W) by the rowsplit kernels. `side`: on the side lane (its
+        own cuBLAS handle and workspace: the two streams' GEMMs run at once), where the plan has two streams."""
+        stop = self._mark(stage, None)
+        if via == "rowsplit":
+            self._split(stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc)
+            self._done(stop)
+            return
+        side = side and self.streams is not None
+        if stage == "gram":
+            self.gram_parts = 1
+            parts = min(self.ws.gram_splits, max(1, depth // GRAM_SPLIT_ROWS))
+            if precision in ("fp32", "tf32x3") and parts > 1 and self._gemm3(
+                    trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
+                    parts):
+                self.gram_parts = parts
+                self._done(stop)
+                return
+        if precision == "tf32x3":
+            if self._gemm3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
+                self._done(stop)
+                return
+            precision = "fp32"  # products the tf32x3 kernels do not take (thin or not 16-byte aligned): cuBLAS fp32
+        cublas.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
+                    depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
+                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side),
+                    sm_target=self.side_sms if side else 0)
+        self._done(stop)
+
+    def _gemm3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
+               parts=1):
+        """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
+        A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
+        dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise.
+        parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_splits, with beta 0)."""
+        kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
+        ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
+        if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
+                                                                              sb, sc)):
+            return False
+        if min(rows, cols, depth) < tf32x3.MIN:  # a panel's thin products: cuBLAS splits them better
+            return False
+        kind = tf32x3.project_kind(rows) if kind == "project" else kind
+        cfg = tf32x3.CONFIGS[kind]
+        _, func = self.funcs[tf32x3.name(kind)]
+        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb * parts)
+        self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
+                     (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, parts,
+                      self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
+        return True
+
+    def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
+        """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
+        (timed as the stage "project")."""
+        stop = self._mark("project", None)
+        cluster = fused.cluster(self.nb, nc, rows, self.ws.sms)
+        name = fused.name(width, cluster)
+        _, func = self.funcs[name]
+        ptr = self.ptrs
+        self.launch(func, (-(-nc // 32), self.nb, cluster), fused.THREADS, self.fac.shared_bytes[name],
+                    fused.SIGNATURE,
+                     (ptr[z[0]] + 4 * z[1], zld, zs, ptr[v[0]] + 4 * v[1], vld, vs, ptr[c[0]] + 4 * c[1], self.fac.n,
+                      self.fac.m * self.fac.n, rows, nc))
+        self._done(stop)
+
+    def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
+        ptr = self.ptrs
+        tiles = -(-cols // 32)
+        if stage == "project":  # W (rows = width, cols) = Z^T (width x depth) C (depth x cols)
+            splits, chunk = rowsplit.split_rows(depth, cols, self.ws.chunk, self.ws.sms)  # as the workspace was sized
+            _, func = self.funcs[rowsplit.name("project", rows)]
+            part = self.ws.buffers["rowsplit_parts"]
+            self.launch(func, (tiles, splits, self.nb), rowsplit.THREADS, 0, rowsplit.PROJECT_SIGNATURE,
+                         (ptr[a[0]] + 4 * a[1], lda, sa, ptr[b[0]] + 4 * b[1], ldb, sb, part.data.ptr, part.shape[1],
+                          ptr[c[0]] + 4 * c[1], ldc, sc, self.ws.counters.data.ptr, depth, cols, chunk))
+        else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
+            _, func = self.funcs[rowsplit.name("update", depth)]
+            self.launch(func, (tiles, -(-rows // rowsplit.TILE), self.nb), rowsplit.THREADS, 0,
+                        rowsplit.UPDATE_SIGNATURE, (ptr[a[0]] + 4 * a[1], lda, sa, ptr[b[0]] + 4 * b[1], ldb, sb,
+                                                ptr[c[0]] + 4 * c[1], ldc, sc, rows, cols))
+
+
+def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None, skip=(), q=None) -> None:
+    """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
+    (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
+    as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate";
+    a lookahead schedule then runs on one stream (each launch timed alone), else on its two streams."""
+    import cupy
+
+    funcs = fac.functions(device_id)
+    batch = h.shape[0]
+    streams = ws.streams if stages is None else None
+    with streams.from_stream(cupy.cuda.get_current_stream()) if streams else contextlib.nullcontext():
+        for b0 in range(0, batch, ws.chunk):
+            nb = min(ws.chunk, batch - b0)
+            whole = nb == batch
+            hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
+            sc = None if src is None else (src if whole else src[b0:b0 + nb])
+            if ws.multi_block:
+                ws.flags.fill(0)
+            engine = CudaEngine(fac, ws, funcs, hc, tc, sc, stages, device_id, streams)
+            drive(fac, SkipStages(engine, skip) if skip else engine)
+            if q is not None:
+                engine.ptrs["q"] = q[b0:b0 + nb].data.ptr
+                drive_q(fac, engine, q.shape[2])

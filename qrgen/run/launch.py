@@ -1,0 +1,171 @@
+"""Loading compiled kernels on a CUDA device and launching them: arguments packed once as the driver takes them,
+panel launches (cooperative where a matrix's blocks wait for each other), large clusters, and the kernels that are
+the same for every schedule (T, tf32x3) for the functions that have no Factorizer."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..compile.nvrtc import compile_many
+from ..plan import tf32x3, tmat
+from ..plan.family import family
+from ..targets import Target
+
+# Launch parameters by signature code (plan/family.SIGNATURE_CODES).
+CTYPES = {"P": ctypes.c_uint64, "I": ctypes.c_int32, "L": ctypes.c_int64, "U": ctypes.c_uint32, "F": ctypes.c_float}
+
+
+class PackedArgs:
+    """A kernel's arguments packed once as the driver takes them (an array of pointers to the values), so that a
+    launch costs one driver call; per call only the pointers that change (src, h, tau) are rewritten. The driver
+    copies the values when the launch is queued, so rewriting them for the next call is safe."""
+
+    def __init__(self, signature: str, values):
+        self.values = [CTYPES[code](v) for code, v in zip(signature, values)]
+        self.pointers = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        self.address = ctypes.addressof(self.pointers)
+
+    def set(self, index: int, value) -> None:
+        self.values[index].value = value
+
+
+def launch_panel(func, L, batch: int, stream: int, args: PackedArgs) -> None:
+    """A panel kernel's launch for `batch` matrices: L.blocks blocks each, cooperative where the blocks of a matrix
+    wait for each other (all must then be resident)."""
+    import cupy
+
+    driver = cupy.cuda.driver
+    if L.cooperative:
+        driver.launchCooperativeKernel(func.ptr, batch * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes, stream,
+                                       args.address)
+    else:
+        driver.launchKernel(func.ptr, batch * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes, stream,
+                            args.address, 0)
+
+
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # (CuPy does not name it)
+
+
+class _LaunchConfig(ctypes.Structure):
+    """The driver's CUlaunchConfig (cuda.h), for cuOccupancyMaxActiveClusters."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+def max_active_clusters(func_ptr: int, blocks: int, threads: int, shared_bytes: int) -> int:
+    """How many clusters of `blocks` blocks of this kernel (its cluster size compiled in) the current device can
+    hold at once (cuOccupancyMaxActiveClusters): 0 where no GPC has room for one."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    count = ctypes.c_int(0)
+    config = _LaunchConfig((blocks, 1, 1), (threads, 1, 1), shared_bytes, None, None, 0)
+    status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(func_ptr), ctypes.byref(config))
+    if status != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status}")
+    return count.value
+
+
+def load_function(binary, shared_bytes: int, kernel=None) -> tuple:
+    """(module, function) of a compiled kernel on the current device, allowed its dynamic shared memory (past
+    48 KiB with its static shared memory a kernel must ask for it) and, for a cluster of more blocks than the arch's
+    portable most, the non-portable cluster size; a GPU that cannot hold one such cluster is an error that says so."""
+    import cupy
+
+    portable = device_target(cupy.cuda.Device().id).limits.cluster_portable
+
+    module = cupy.cuda.function.Module()
+    module.load(binary.cubin)
+    func = module.get_function(binary.name)
+    driver = cupy.cuda.driver
+    # past 48 KiB of static and dynamic shared memory together (a "whole" kernel's panel state beside its matrix)
+    static = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func.ptr) if shared_bytes else 0
+    if shared_bytes and shared_bytes + static > 48 * 1024:
+        driver.funcSetAttribute(func.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
+    if kernel is not None and kernel.cluster and kernel.blocks > portable:
+        driver.funcSetAttribute(func.ptr, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        if max_active_clusters(func.ptr, kernel.blocks, kernel.threads, shared_bytes) < 1:
+            raise RuntimeError(
+                f"kernel {binary.name} runs on clusters of {kernel.blocks} blocks, more than this GPU can hold at "
+                f"once (the portable most is {portable}); use a schedule whose panels have clusters of at most "
+                f"{portable} blocks (qrgen tune, or the default schedule)")
+    return module, func
+
+
+_TARGETS: dict[int, Target] = {}
+
+
+def known_target(device_id: int) -> Target | None:
+    """The device's target where device_target has asked for it already (no driver call), else None."""
+    return _TARGETS.get(device_id)
+
+
+def device_target(device_id: int) -> Target:
+    """The CUDA target of a device (its compute capability as sm_XY)."""
+    target = _TARGETS.get(device_id)
+    if target is None:
+        import cupy
+
+        target = _TARGETS[device_id] = Target("cuda", f"sm_{cupy.cuda.Device(device_id).compute_capability}")
+    return target
+
+
+_COMMON_FUNCTIONS: dict[tuple, tuple] = {}  # (device, kernel name) -> (module, function)
+
+
+def common_kernel(spec, device: int):
+    """A kernel that is the same for every schedule (the T kernel, the tf32x3 kernels), rendered, built or taken
+    from the cache and loaded once per device, for the Q functions, which have no Factorizer."""
+    key = (device, spec.name)
+    if key not in _COMMON_FUNCTIONS:
+        target = device_target(device)
+        rendered = family(spec).render(spec, None, target)
+        (binary,) = compile_many([(rendered.name, rendered.source)], target)
+        _COMMON_FUNCTIONS[key] = load_function(binary, spec.shared_bytes)
+    return _COMMON_FUNCTIONS[key][1]
+
+
+def tf32x3_matmul(a, b, c, alpha: float, beta: float) -> bool:
+    """c = alpha a @ b + beta c by the tf32x3 kernels, on the current device and stream, for CuPy float32
+    arrays a (batch, M, K) with K contiguous (the "project" kernel) or M contiguous (a transposed view: "update"),
+    b (batch, K, N) and c (batch, M, N) with row-major last two axes, any batch strides; False (nothing launched)
+    where the kernels do not take the product: a dimension under tf32x3.MIN, a leading dimension, batch
+    stride or address not a multiple of 4 floats, another layout."""
+    import cupy
+
+    batch, rows, depth = a.shape
+    cols = b.shape[2]
+    (sa, a1, a2), (sb, ldb, b2), (sc, ldc, c2) = ((v // 4 for v in x.strides) for x in (a, b, c))
+    kind, lda = (tf32x3.project_kind(rows), a1) if a2 == 1 else ("update", a2) if a1 == 1 else (None, 0)
+    if kind is None or b2 != 1 or c2 != 1 or b.shape[0] != batch or c.shape[0] != batch:
+        return False
+    if min(rows, cols, depth) < tf32x3.MIN or any(x.dtype != cupy.float32 or x.data.ptr % 16 for x in (a, b, c)):
+        return False
+    if any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa, sb, sc)):
+        return False
+    device = cupy.cuda.Device().id
+    kernel, cfg = tf32x3.kernel(kind), tf32x3.CONFIGS[kind]
+    func = common_kernel(kernel, device)
+    func((-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), batch), (kernel.threads,),
+         (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c, np.int32(ldc), np.int64(sc),
+          np.int32(rows), np.int32(cols), np.int32(depth), np.float32(alpha), np.float32(beta), np.int32(1),
+          np.int64(0)), shared_mem=kernel.shared_bytes)
+    return True
+
+
+def tmatrix_gpu(gram, tau):
+    """T (batch, w, w) of compact WY forms from G = V^T V (batch, w, w) and tau (batch, w), CuPy float32 arrays on
+    the current device and stream; w up to plan/tmat.MAX."""
+    import cupy
+
+    batch, w = tau.shape
+    if w > tmat.MAX:
+        raise ValueError(f"blocks of at most {tmat.MAX} reflectors; got {w}")
+    device = cupy.cuda.Device().id
+    func = common_kernel(tmat.kernel(), device)
+    g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
+    ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
+    t = cupy.empty((batch, w, w), dtype=cupy.float32)
+    if batch and w:
+        func((batch,), (tmat.THREADS,), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w), np.int32(1),
+                        np.int64(0)), shared_mem=tmat.shared_bytes(w))
+    return t
