@@ -8,7 +8,7 @@ Importing compiles nothing: the kernels are compiled (or loaded from the cache) 
 """
 from pathlib import Path as _Path
 
-from qrgen.module import GeneratedModule as _GeneratedModule
+from qrgen.generated import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 2048, 2048, 8, "sm_90"
 SCHEDULE = {'m': 2048,

@@ -8,7 +8,7 @@ Importing compiles nothing: the kernels are compiled (or loaded from the cache) 
 """
 from pathlib import Path as _Path
 
-from qrgen.module import GeneratedModule as _GeneratedModule
+from qrgen.generated import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 32, 32, 20, "sm_90"
 SCHEDULE = {'m': 32,

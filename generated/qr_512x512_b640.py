@@ -8,7 +8,7 @@ Importing compiles nothing: the kernels are compiled (or loaded from the cache) 
 """
 from pathlib import Path as _Path
 
-from qrgen.module import GeneratedModule as _GeneratedModule
+from qrgen.generated import GeneratedModule as _GeneratedModule
 
 M, N, BATCH, ARCH = 512, 512, 640, "sm_90"
 SCHEDULE = {'m': 512,

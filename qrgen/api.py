@@ -19,6 +19,7 @@ from .run.launch import device_target
 from .run.registry import factorizer_for
 from .schedule.files import check_precision
 
+
 def geqrf(a, *, precision: str | None = None):
     """QR factorization of a batch: a is (..., m, n) float32 on a CUDA device (torch, CuPy or DLPack).
 
@@ -57,12 +58,10 @@ KEEP_MAX_AGGREGATE = 128
 
 def keeps_q(schedule, launches: int, q_floats: int, exact: bool = False) -> bool:
     """Whether qr forms Q from a keep plan of `schedule` (run/sequence.drive_q) rather than from h and tau by
-    qrgen.qmatrix. Only where every kept T comes from an fp32-class Gram matrix (Precision.gram fp32: the
+    qrgen.numerics.qmatrix. Only where every kept T comes from an fp32-class Gram matrix (Precision.gram fp32: the
     aggregates' G then fp32 or tf32x3), since Q's orthogonality is T's accuracy; then for aggregates, for one
-    panel, or for a Q of up to KEEP_MAX_FLOATS floats. Not for aggregates wider than KEEP_MAX_AGGREGATE: measured
-    on the H200 at 40 x 176² (one aggregate of all 176 columns; BENCHMARKS.md, sixteenth session, graph replay),
-    qr through the keep plan 355 us with T by halves, geqrf then householder_product 334 (793 us before, with T
-    from one thread a row). exact (qr's precision="fp32"): not where Q's products would take tf32x3
+    panel, or for a Q of up to KEEP_MAX_FLOATS floats; not for aggregates wider than KEEP_MAX_AGGREGATE
+    (docs/decisions.md#keep-plans). exact (qr's precision="fp32"): not where Q's products would take tf32x3
     (plan/tf32x3.q_precision: aggregates of tf32x3.MIN columns or more), since every product is then to be fp32."""
     good_t = schedule.precision.gram == "fp32" or (
         not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
@@ -213,7 +212,7 @@ def _q_and_r(h, tau, mode: str, precision: str | None) -> tuple:
 
 def _q_precision(precision: str | None) -> str:
     """householder_product's products for qr's or householder_product's precision argument: tf32x3 unless every
-    product is to be fp32 (2x4096^2: 6,341 -> 5,170 us, orthogonality 0.25 -> 4.1 of the gate's 100)."""
+    product is to be fp32 (docs/decisions.md#q-products-tf32x3)."""
     return "fp32" if precision == "fp32" else "tf32x3"
 
 

@@ -356,3 +356,36 @@ def run_qr_case(batch: int, m: int, n: int, reps: int = 10, seed: int = 0) -> st
 
 
 QR_CASES = REFERENCE_CASES + ((20000, 32, 32),)
+
+
+MARKDOWN_FAMILIES = ("mixed", "rankdef", "normspread")  # the hostile batches of the reference table
+
+
+def environment_facts() -> dict:
+    """The device, driver and library versions a table was measured with."""
+    import datetime
+    import importlib.metadata
+
+    import cupy
+
+    from .compile.nvrtc import version as nvrtc_version
+    from .version import __version__
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    return dict(date=datetime.date.today().isoformat(), device=f"{props['name'].decode()} "
+                f"(sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs)",
+                driver=cupy.cuda.runtime.driverGetVersion(), runtime=cupy.cuda.runtime.runtimeGetVersion(),
+                nvrtc=".".join(map(str, nvrtc_version())), cupy=cupy.__version__, torch=torch_version,
+                version=__version__)
+
+
+def markdown_document(sections: list[tuple[str, str]], command: str, facts: dict) -> str:
+    """BENCHMARKS.md: how the numbers are measured, then each (title, table) section, with the facts of the run."""
+    from .render.environment import environment
+
+    return environment().get_template("docs/BENCHMARKS.md.j2").render(
+        command=command, sections=[{"title": t, "table": table} for t, table in sections], **facts)

@@ -113,6 +113,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--family", action="append", default=[], choices=FAMILIES, metavar="FAMILY",
                    help="also time a batch of this stress family alone (repeatable; one of "
                         f"{', '.join(FAMILIES)}), e.g. rankdef")
+    s.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                   help="run the reference batches (with the mixed, rankdef and normspread batches), the single and "
+                        "tall cases and qr against torch, and write the tables with the device and versions to FILE "
+                        "(BENCHMARKS.md)")
     s.add_argument("--profile", action="store_true",
                    help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs and of "
                         "them the panels' own products, the "
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             print(f"qrgen bench: error: needs a CUDA GPU ({exc})", file=sys.stderr)
             return 2
+        if args.markdown is not None:
+            return _markdown(args)
         if args.qr:
             print("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg.qr µs | speed-up over torch |")
             print("|---|---:|---:|---:|---:|")
@@ -178,6 +184,30 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
         return 0
     return 2  # pragma: no cover
+
+
+QR_HEADER = ("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg.qr µs | speed-up over torch |\n"
+             "|---|---:|---:|---:|---:|")
+
+
+def _markdown(args) -> int:
+    from .bench import (MARKDOWN_FAMILIES, QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, environment_facts,
+                        markdown_document, run_case, run_qr_case, table)
+
+    sections = []
+    for title, cases, hostile in (("Reference batches", REFERENCE_CASES, MARKDOWN_FAMILIES),
+                                  ("Single and tall matrices", SINGLE_TALL_CASES, ())):
+        rows = []
+        for batch, m, n in cases:
+            rows.append(run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch, hostile=hostile))
+            print(f"{batch} x {m}x{n}: {rows[-1].qrgen_us:,.1f} µs", flush=True)
+        sections.append((title, table(rows)))
+    qr_rows = [run_qr_case(batch, m, n, reps=args.reps) for batch, m, n in QR_CASES]
+    sections.append(("qr against torch.linalg.qr", QR_HEADER + "\n" + "\n".join(qr_rows)))
+    command = f"qrgen bench --markdown {args.markdown.name} --reps {args.reps}"
+    args.markdown.write_text(markdown_document(sections, command, environment_facts()))
+    print(f"wrote {args.markdown}")
+    return 0
 
 
 if __name__ == "__main__":

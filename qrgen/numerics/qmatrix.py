@@ -15,7 +15,7 @@ SIDES = ("L", "R")
 BLOCK = 128  # reflectors per block; at most 256 (the T kernel, qrgen/plan/tmat.MAX)
 Q_WIDE_BLOCK_FROM = 4096  # householder_product's blocks are 256 wide from this min(m, n) on (q_block)
 Q_PRECISIONS = ("fp32", "tf32x3")  # of householder_product's products
-GRAM_BATCHED_BELOW = 132  # batches smaller than this (the H200's SM count) get all blocks' V, G and T at once (_wy)
+GRAM_BATCHED_BELOW = 132  # batches under this (the H200's SM count) get all blocks' V, G and T at once (wy_forms)
 
 
 # Products on device arrays come from the backend that holds them: qrgen.run.device_ops registers CuPy's (cuBLAS, the
@@ -103,9 +103,7 @@ def _tmatrix(xp, gram, tau):
 
 def q_block(m: int, n: int) -> int:
     """householder_product's default block width: BLOCK, or 256 from min(m, n) = Q_WIDE_BLOCK_FROM on, where
-    wider blocks' fewer passes over Q and deeper second product pay for the larger T (measured on the H200:
-    2 x 4096² 8.5 -> 7.7 ms; at 2048² and below 128 is the fastest of 64, 128, 192 and 256; BENCHMARKS.md, tenth
-    session)."""
+    wider blocks' fewer passes over Q and deeper second product pay for the larger T (docs/decisions.md#q-block)."""
     return 256 if min(m, n) >= Q_WIDE_BLOCK_FROM else BLOCK
 
 
@@ -144,7 +142,7 @@ def _wy_block(xp, h, tau, c0: int, w: int):
     return v, t
 
 
-def _wy(xp, h, tau, block: int, reverse: bool = False):
+def wy_forms(xp, h, tau, block: int, reverse: bool = False):
     """Yields (c0, V, T) of each block of reflectors (first column c0, V (batch, m - c0, w), T (batch, w, w),
     B = I - V T V^T), first to last or last to first.
 
@@ -187,7 +185,7 @@ def apply_q(h, tau, c, side: str = "L", transpose: bool = False, block: int = BL
     out = c.copy()
     # Q = B_0 ... B_{q-1}: Q^T C and C Q take the blocks first to last; Q C and C Q^T last to first.
     forward = transpose if side == "L" else not transpose
-    for c0, vi, ti in _wy(xp, h, tau, block, reverse=not forward):
+    for c0, vi, ti in wy_forms(xp, h, tau, block, reverse=not forward):
         tt = ti.transpose(0, 2, 1) if transpose else ti
         if side == "L":  # C[c0:] -= V op(T) V^T C[c0:]
             _left(xp, out[:, c0:, :], vi, tt)
@@ -216,7 +214,7 @@ def householder_product(h, tau, complete: bool = False, block: int | None = None
     blocks(m, n, block)  # checks block before anything is allocated
     q = xp.zeros((batch, m, cols), dtype=h.dtype)
     set_diagonal(q, 1)
-    for c0, v, t in _wy(xp, h, tau, block, reverse=True):
+    for c0, v, t in wy_forms(xp, h, tau, block, reverse=True):
         part, w = q[:, c0:, c0:], v.shape[2]
         vtp = xp.empty((batch, w, part.shape[2]), dtype=h.dtype)
         vtp[:, :, :w] = v[:, :w, :].transpose(0, 2, 1)

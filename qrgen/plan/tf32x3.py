@@ -19,7 +19,7 @@ from ..version import __version__
 from .layout import aggregates
 from .specs import KernelSpec, Rendered
 
-# Tiles, warps, K per step, steps in flight and resident blocks per SM, per kernel (docs/decisions.md#tf32x3-tiles).
+# Tiles, warps, K per step, steps in flight and resident blocks per SM, per kernel (docs/decisions.md#gemm3-tiles).
 CONFIGS = {
     "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
                     b_kcontig=False, upper_only=False),

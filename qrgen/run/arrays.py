@@ -10,6 +10,7 @@ import numpy as np
 
 _KDLCUDA = 2
 
+
 @dataclass
 class DeviceArray:
     """The input seen as a CuPy array (no copy), and how to hand results back as the caller's kind."""
@@ -18,8 +19,10 @@ class DeviceArray:
     stream_ptr: int | None  # the caller's current stream (torch), None for CuPy's current stream
     wrap: object = field(default=None)
 
+
 def describe(a) -> str:
     return f"{type(a).__module__}.{type(a).__qualname__}"
+
 
 def as_device_array(a) -> DeviceArray:
     """Accept a torch.Tensor, cupy.ndarray or any object with __dlpack__ on a CUDA device, without copying."""
@@ -54,6 +57,7 @@ def as_device_array(a) -> DeviceArray:
     back = getattr(module, "from_dlpack", None) if module is not None else None
     return DeviceArray(data, None, back or (lambda x: x))
 
+
 def cupy_view(cupy, a, device: int):
     """A CuPy array over a CUDA float32 torch.Tensor's memory (its strides, the tensor kept alive as the owner): no
     DLPack exchange, whose stream handshake is not needed where the work runs on the tensor's current stream."""
@@ -64,16 +68,19 @@ def cupy_view(cupy, a, device: int):
     memory = cupy.cuda.UnownedMemory(a.data_ptr(), extent, a, device)
     return cupy.ndarray(shape, cupy.float32, cupy.cuda.MemoryPointer(memory, 0), strides)
 
+
 def torch_stream(torch, device: int) -> int:
     """The handle of torch's current stream on a device (torch's raw accessor where it has one: a Stream object
-    costs about 8 us of host time)."""
+    costs host time, docs/decisions.md#torch-without-dlpack)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
 
 def check_dtype(name: str) -> None:
     if name != "float32":
         raise TypeError(f"qrgen factors float32 matrices; got dtype {name}: convert with .astype('float32') "
                         f"(CuPy) or .float() (torch)")
+
 
 @contextlib.contextmanager
 def on_caller_stream(arr: DeviceArray):
@@ -90,7 +97,9 @@ def on_caller_stream(arr: DeviceArray):
             scope.enter_context(stream)
         yield stream
 
+
 _EXTERNAL_STREAMS: dict[int, object] = {}
+
 
 def external_stream(ptr: int):
     """CuPy's handle on another framework's stream (kept per pointer: creating one per call costs host time)."""

@@ -12,6 +12,7 @@ from .engine import SkipStages
 from .launch import PackedArgs, launch_panel
 from .sequence import drive, drive_q
 
+
 class CudaEngine:
     """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
 
@@ -166,14 +167,15 @@ class CudaEngine:
         if stage == "gram":
             self.gram_parts = 1
             parts = min(self.ws.gram_splits, max(1, depth // GRAM_SPLIT_ROWS))
-            if precision in ("fp32", "tf32x3") and parts > 1 and self._gemm3(
+            if precision in ("fp32", "tf32x3") and parts > 1 and self.tf32x3_gemm(
                     trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
                     parts):
                 self.gram_parts = parts
                 self._done(stop)
                 return
         if precision == "tf32x3":
-            if self._gemm3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side):
+            if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+                                side):
                 self._done(stop)
                 return
             precision = "fp32"  # products the tf32x3 kernels do not take (thin or not 16-byte aligned): cuBLAS fp32
@@ -183,7 +185,7 @@ class CudaEngine:
                     sm_target=self.side_sms if side else 0)
         self._done(stop)
 
-    def _gemm3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
+    def tf32x3_gemm(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
                parts=1):
         """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
         A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every

@@ -38,6 +38,7 @@ class Engine(Protocol):
 
 STAGES = ("panel", "project", "update", "gram", "tmat", "aggregate", "scale", "own")
 
+
 class SkipStages:
     """An engine that passes every operation to `engine` except those of the stages named in `skip`: for timing
     a factorization by difference (the result is then wrong; the work of the other stages is the same). "own" names

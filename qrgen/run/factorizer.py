@@ -16,6 +16,7 @@ from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function
 from .workspace import Workspace
 
+
 class Factorizer:
     """The kernels and launch sequence for one (m, n, schedule, target); geqrf for any batch of that shape."""
 

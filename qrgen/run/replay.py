@@ -1,5 +1,5 @@
 """CUDA-graph replay of host-bound calls: a call of a small shape, or of a few large matrices, queues many launches,
-and the host's time to queue them (Python, CuPy, the driver: 10-20 us each) exceeds the GPU's time to run them.
+and the host's time to queue them (Python, CuPy, the driver) exceeds the GPU's time to run them.
 From the second call of one kind (function, shapes, device, stream) on, such a call copies its inputs into buffers
 of its own, replays a CUDA graph captured once from the same launch sequence on those buffers, and copies the
 graph's outputs into new arrays for the caller: three to five host operations instead of dozens (or hundreds), for
@@ -27,16 +27,10 @@ import sys
 import threading
 from dataclasses import dataclass
 
-# Inputs up to this many floats (32 MiB): the copies cost the GPU a few to 30 us. Measured on the H200 (BENCHMARKS.md,
-# sixteenth session), eager with replay against without: qr 40 x 352² (5M floats) 1,185 -> 906 us, geqrf 40 x 352²
-# 606-637 -> 611-656 (no gain: its 16 launches cost the host less than the GPU's time).
+# Inputs up to this many floats (32 MiB) replay, where the copies in and out cost the GPU less than the host's
+# launches would (docs/decisions.md#replay-limits) ...
 REPLAY_MAX_FLOATS = 1 << 23
-# geqrf up to 2^25 floats (128 MiB): its large calls on few matrices queue hundreds of launches whose host time
-# exceeds the copies' (about 30 us each way at 64 MiB). Eager with replay against without, three rounds in turn
-# (BENCHMARKS.md, twentieth session): 1 x 4096² 11,266 / 13,799 / 14,007 -> 8,141 / 8,167 / 8,106 us (its graph
-# replay: 8,007), 2 x 4096² 14,112 / 10,000 / 9,982 -> 9,763 / 9,719 / 9,658, 8 x 2048² 4,847 / 4,841 / 4,930 ->
-# 4,811 / 4,755 / 4,753; 60 x 1024² (2^26 floats) lost (4,463 -> 4,704, nineteenth session), as a batch of that many
-# floats and fewer launches would.
+# ... and geqrf up to this many (128 MiB), whose large calls on few matrices queue hundreds of launches
 GEQRF_MAX_FLOATS = 1 << 25
 REPLAY_PLANS = 32  # kinds tracked at most (a graph holds a copy of its buffers); past them calls run eagerly
 HELD_MAX_BYTES = 1 << 30  # device memory the graphs' own buffers may hold in all; a capture past it is dropped
@@ -57,7 +51,7 @@ class _Plan:
     held: int = 0  # bytes of device memory the graph's inputs and pool hold
 
 
-_PLANS: dict[tuple, _Plan] = {}
+PLANS: dict[tuple, _Plan] = {}  # by kind (call's key with the shapes, device and stream)
 _LOCK = threading.Lock()
 
 
@@ -70,13 +64,13 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
         return fn(stream, *arrays)
     key = key + tuple((a.shape, a.dtype.str) for a in arrays) + (arrays[0].device.id, stream.ptr)
     with _LOCK:
-        plan = _PLANS.get(key)
+        plan = PLANS.get(key)
         if plan is None:
-            if len(_PLANS) >= REPLAY_PLANS:  # forget the kinds called once so far (a tuner's trials, say)
-                for k in [k for k, p in _PLANS.items() if p.graph is None]:
-                    del _PLANS[k]
-            if len(_PLANS) < REPLAY_PLANS:
-                plan = _PLANS[key] = _Plan()
+            if len(PLANS) >= REPLAY_PLANS:  # forget the kinds called once so far (a tuner's trials, say)
+                for k in [k for k, p in PLANS.items() if p.graph is None]:
+                    del PLANS[k]
+            if len(PLANS) < REPLAY_PLANS:
+                plan = PLANS[key] = _Plan()
         if plan is not None:
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
@@ -128,7 +122,7 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
         except Exception:  # a launch sequence that cannot be captured runs eagerly (fn raises again if it is wrong)
             return
     held = sum(a.nbytes for a in inputs) + pool.total_bytes()
-    if held + sum(p.held for p in _PLANS.values()) > HELD_MAX_BYTES:  # this kind runs eagerly; its memory goes
+    if held + sum(p.held for p in PLANS.values()) > HELD_MAX_BYTES:  # this kind runs eagerly; its memory goes
         plan.keep = ()
         return
     plan.graph, plan.inputs, plan.outputs, plan.held = graph, inputs, tuple(outputs), held
@@ -139,20 +133,17 @@ def clear() -> None:
     import cupy
 
     with _LOCK:
-        if _PLANS:
+        if PLANS:
             cupy.cuda.runtime.deviceSynchronize()
-        _PLANS.clear()
+        PLANS.clear()
 
 
-# Measured on the H200 (BENCHMARKS.md, twenty-second session), graph replay µs, CuPy's instantiation against this
-# one's (the environment's CUDA_GRAPHS_USE_NODE_PRIORITY=1), two rounds: 2 x 4096² 8,815 / 8,823 -> 8,353 / 8,369,
-# 8 x 2048² 4,584 / 4,579 -> 4,435 / 4,417, 4 x 2048² 5,868 / 5,859 -> 5,667 / 5,667, 1 x 4096² 7,509 / 7,535 ->
-# 7,369 / 7,356; 60 x 1024², 640 x 512² and 40 x 352² unchanged within 1%.
+# Graphs are instantiated with node priorities, as torch.cuda.CUDAGraph does (docs/decisions.md#graph-node-priorities)
 _USE_NODE_PRIORITY = 8  # cudaGraphInstantiateFlagUseNodePriority
 
 
 @functools.cache
-def _driver():
+def driver_instantiate():
     """The CUDA driver's entry point that instantiates a graph with flags (runtime and driver graph handles are the
     same objects; CuPy's runtime module has no such call), or None."""
     try:
@@ -172,7 +163,7 @@ class Graph:
         import cupy
 
         handle = ctypes.c_void_p()
-        status = _driver()(ctypes.byref(handle), graph, _USE_NODE_PRIORITY)
+        status = driver_instantiate()(ctypes.byref(handle), graph, _USE_NODE_PRIORITY)
         cupy.cuda.runtime.graphDestroy(graph)  # the executable graph no longer needs it
         if status:
             raise RuntimeError(f"cuGraphInstantiateWithFlags failed with CUDA error {status}")
@@ -184,16 +175,17 @@ class Graph:
 
         self._launch(self._exec, (cupy.cuda.get_current_stream() if stream is None else stream).ptr)
 
-    def __del__(self):
+    def __del__(self, is_finalizing=sys.is_finalizing):
         # at interpreter exit the process's graphs go with its CUDA context, and CuPy's modules may be gone already
-        if getattr(self, "_exec", None) and not sys.is_finalizing():
+        # (as may this module's globals, sys among them: hence the bound is_finalizing)
+        if getattr(self, "_exec", None) and not is_finalizing():
             self._destroy(self._exec)
 
 
 def end_capture(stream):
     """End `stream`'s capture (begun with stream.begin_capture()) into a graph whose kernels keep the priorities of
     the streams they were captured from; CuPy's own graph where the driver library cannot be loaded."""
-    if _driver() is None:
+    if driver_instantiate() is None:
         return stream.end_capture()
     import cupy
 

@@ -11,28 +11,28 @@ from .model import Panel, Precision, Schedule
 from .panels import SM90, cluster_lanes_panel, default_panel, lanes_panel, tsqr_panel, with_loop
 
 LANES_MAX_BATCH = 264  # lanes panels up to this many matrices (docs/decisions.md#lanes-max-batch)
-DEFAULT_AGGREGATE = 128  # columns per aggregate (docs/decisions.md#aggregates)
+DEFAULT_AGGREGATE = 128  # columns per aggregate (docs/decisions.md#aggregate-default)
 AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
-CLUSTER_FROM = 512  # rows from which panels run on clusters (docs/decisions.md#default-cluster) ...
+CLUSTER_FROM = 512  # rows from which panels run on clusters (docs/decisions.md#cluster-from) ...
 ONE_PANEL_CLUSTER_FROM = 2048  # ... a one-panel matrix (n <= 32) only alone and from this many rows
-TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 (docs/decisions.md#default-precision)
-MANY_FROM = 64  # many matrices of MANY_ROWS rows: the tuned 640 x 512² file's recipe (docs/decisions.md#many)
+TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 (docs/decisions.md#tf32-from)
+MANY_FROM = 64  # many matrices of MANY_ROWS rows: the tuned 640 x 512² file's recipe (docs/decisions.md#many-matrices)
 MANY_ROWS = (384, 512)  # min(m, n) from the first, m up to the second
 MANY_WIDTH = 16
 MANY_AGGREGATE = 64
-FUSED_MAX_ROWS = 4096  # rows up to which the panels' own products are fused (docs/decisions.md#panel-update) ...
+FUSED_MAX_ROWS = 4096  # rows up to which the panels' own products are fused (docs/decisions.md#fused-panel-update) ...
 FUSED_MAX_SINGLE = 4096 * 1024  # ... except one matrix of more elements than this (cuBLAS there)
-CLUSTER_ROWS_PER_BLOCK = (256, 512)  # several matrices: rows a cluster block (docs/decisions.md#default-cluster)
+CLUSTER_ROWS_PER_BLOCK = (256, 512)  # several matrices: rows a cluster block (docs/decisions.md#cluster-from)
 CLUSTER_BLOCKS_MAX = 64  # the batch's clusters take at most this many blocks
-TSQR_FROM = 32768  # tsqr panels from this many rows (docs/decisions.md#tsqr) ...
+TSQR_FROM = 32768  # tsqr panels from this many rows (docs/decisions.md#tsqr-default) ...
 TSQR_ASPECT = 64  # ... and rows a column
 TSQR_MAX_BATCH = 4  # ... for at most this many matrices
 TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": True}
 TSQR_AGGREGATE = 64
 LOOKAHEAD_PIECES = 2  # Schedule.lookahead where the side products are fp32-class (docs/decisions.md#lookahead)
 LOOKAHEAD_WHOLE = 32  # ... and where they run on tf32/fp16/bf16 tensor cores (one piece)
-REACH_MAX_BATCH = 4  # Schedule.reach for lookahead schedules of at most this many matrices (decisions.md#reach)
-WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs/decisions.md#whole) ...
+REACH_MAX_BATCH = 4  # Schedule.reach for lookahead schedules of at most this many matrices (docs/decisions.md#reach)
+WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs/decisions.md#whole-default) ...
 WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
 WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
 
@@ -65,14 +65,14 @@ def default_aggregate(problem: Problem, target: Target = SM90) -> int:
 
 
 def default_panel_update(problem: Problem) -> str:
-    """"fused" up to FUSED_MAX_ROWS rows (docs/decisions.md#panel-update), else cuBLAS."""
+    """"fused" up to FUSED_MAX_ROWS rows (docs/decisions.md#fused-panel-update), else cuBLAS."""
     if problem.m > FUSED_MAX_ROWS or (problem.batch == 1 and problem.m * problem.n > FUSED_MAX_SINGLE):
         return "cublas"
     return "fused"
 
 
 def default_cluster(problem: Problem, target: Target = SM90) -> int:
-    """Blocks per cluster of the default's panels (0: none; docs/decisions.md#default-cluster): the target's most
+    """Blocks per cluster of the default's panels (0: none; docs/decisions.md#cluster-from): the target's most
     for one matrix of CLUSTER_FROM rows or more; for several, the most blocks of CLUSTER_ROWS_PER_BLOCK rows such that
     the batch's clusters take at most CLUSTER_BLOCKS_MAX blocks."""
     most = target.limits.cluster_max
@@ -97,7 +97,7 @@ def default_tsqr(problem: Problem) -> bool:
 
 def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:
     """fp32 everywhere, except the aggregates' products: tf32 from TF32_FROM columns where the panels' own products
-    stay fp32 (rowsplit or fused), else tf32x3 (docs/decisions.md#default-precision)."""
+    stay fp32 (rowsplit or fused), else tf32x3 (docs/decisions.md#tf32-from)."""
     if aggregate and panel_update in ("rowsplit", "fused") and problem.k >= TF32_FROM:
         return Precision(project="tf32", update="tf32")
     if aggregate:
@@ -107,7 +107,7 @@ def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = 
 
 def default_loop(problem: Problem) -> bool:
     """Column loops (Panel.loop) for the warp and rows panels where more matrices than LANES_MAX_BATCH share the
-    SMs, whose blocks at different columns then compete for the instruction cache (docs/decisions.md#loop)."""
+    SMs, whose blocks at different columns then compete for the instruction cache (docs/decisions.md#column-loop)."""
     return problem.batch > LANES_MAX_BATCH
 
 

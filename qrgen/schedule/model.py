@@ -202,7 +202,6 @@ class Schedule:
         except TypeError as exc:
             raise ValueError(f"schedule JSON has an unknown or missing field: {exc}") from None
 
-
     def describe(self) -> str:
         """One line: runs of equal panels, precisions, aggregates, lookahead, the panels' own products."""
         groups: list[list] = []

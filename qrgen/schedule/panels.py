@@ -11,7 +11,7 @@ from .model import LOOP_VARIANTS, Panel
 
 ONE_WARP_ROWS = 32  # the most rows of a lanes panel on one warp (docs/decisions.md#one-warp-rows)
 CLUSTER_SLOTS = 4  # the most rows per thread of a rows panel on a cluster (cluster_panel)
-CLUSTER_LANE_SLOTS = 16  # rows per warp of lanes panels on clusters (docs/decisions.md#cluster-lane-slots)
+CLUSTER_LANE_SLOTS = 16  # rows per warp of lanes panels on clusters (docs/decisions.md#cluster-lanes-panel)
 SM90 = Target()
 
 
@@ -65,7 +65,7 @@ def cluster_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_SLOTS
 def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 1, target: Target = SM90):
     """A lanes panel for `rows` x `width` with about `slots` rows per warp (more warps where registers demand), or
     None where even 32 warps cannot hold the rows. "auto": one warp up to ONE_WARP_ROWS rows (its loop over columns
-    unrolled), 8 rows per warp up to 256 rows, else 16 (docs/decisions.md#lanes-slots). blocks > 1: the rows shared
+    unrolled), 8 rows per warp up to 256 rows, else 16 (docs/decisions.md#lanes-rows-per-warp). blocks > 1: the rows shared
     by a cluster of that many blocks."""
     if slots == "auto":
         slots = rows if rows <= ONE_WARP_ROWS and blocks == 1 else 8 if rows <= 256 else 16
@@ -78,7 +78,7 @@ def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 
 
 def cluster_lanes_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_LANE_SLOTS, target: Target = SM90):
     """A panel on a cluster of `blocks` blocks: a lanes panel of about `slots` rows per warp where it fits, else a
-    rows panel (cluster_panel; docs/decisions.md#cluster-lane-slots)."""
+    rows panel (cluster_panel; docs/decisions.md#cluster-lanes-panel)."""
     return lanes_panel(rows, width, slots, blocks, target) or cluster_panel(rows, width, blocks, target=target)
 
 

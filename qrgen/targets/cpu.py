@@ -4,7 +4,7 @@ It has the budgets of the H200 it stands in for, so that a schedule runs here ex
 feature (it emulates each kernel's result, not its instructions)."""
 from __future__ import annotations
 
-from . import FEATURES, Arch, Backend
+from .records import FEATURES, Arch, Backend
 from .cuda import ARCHS
 
 BACKEND = Backend(name="cpu", archs={"numpy": Arch("numpy", ARCHS["sm_90"].limits, frozenset(FEATURES))},

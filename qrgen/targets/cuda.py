@@ -1,7 +1,7 @@
 """The CUDA backend: NVIDIA architectures from sm_80 on, their limits and features."""
 from __future__ import annotations
 
-from . import ASYNC_COPY, CLUSTERS, COOPERATIVE, MBARRIER, TF32_MMA, Arch, Backend, Limits
+from .records import ASYNC_COPY, CLUSTERS, COOPERATIVE, MBARRIER, TF32_MMA, Arch, Backend, Limits
 
 _AMPERE = frozenset({ASYNC_COPY, TF32_MMA, COOPERATIVE, MBARRIER})
 _HOPPER = _AMPERE | {CLUSTERS}

@@ -106,7 +106,7 @@ FUSED_US_PER_ROW = 0.027
 FUSED_FIXED_US = 5.0
 
 
-def _fused_us(rows: int, cols: int, width: int, batch: int) -> float:
+def fused_us(rows: int, cols: int, width: int, batch: int) -> float:
     cluster = fused.cluster(batch, cols, rows, SMS)
     load = max(1.0, batch * math.ceil(cols / 32) * cluster / SMS)
     wp = fused.layout(width)["wp"]
@@ -147,11 +147,11 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
             if L.blocks > 1:
                 per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN
             panel_us += L.width * per_column * waves
-        if L.nc > 0 and schedule.panel_update == "split":
+        if L.nc > 0 and schedule.panel_update == "rowsplit":
             gemm_us += _split_us(L.rows, L.nc, L.width, batch, 1) + _split_us(L.rows, L.nc, L.width, batch, 2)
             n_launches += 2
         elif L.nc > 0 and schedule.panel_update == "fused":
-            gemm_us += _fused_us(L.rows, L.nc, L.width, batch)
+            gemm_us += fused_us(L.rows, L.nc, L.width, batch)
             n_launches += 1
         elif L.nc > 0:
             # W (width x nc) reads C once; C -= V W reads and writes it.

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..paths import schedule_dir
 from ..problem import Problem
-from ..schedule.files import load, save, schedule_path, tuner_params
+from ..schedule.files import TUNER_FIELDS, load, save, schedule_path, tuner_params
 from ..schedule.model import Schedule
 from ..targets import Target
 from ..version import __version__
@@ -115,7 +115,7 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
         trial = study.ask()
         params = sample(trial, problem, families)
         try:
-            return trial, params, schedule_from_params(problem, params), None
+            return trial, params, schedule_from_params(problem, params, target), None
         except ValueError as exc:
             return trial, params, None, f"rejected by the resource model: {exc}"
 
@@ -268,6 +268,8 @@ def provenance(result: TuneResult, evaluator_name: str) -> dict:
             info["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
     except Exception:
         pass
+    # format 2 (schedule/files.py): the tuner's point and its study under "tuner", stale once the file is amended
+    info["tuner"] = {**{k: info.pop(k) for k in TUNER_FIELDS if k in info}, "stale": False}
     return info
 
 

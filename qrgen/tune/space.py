@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..plan.planner import check
 from ..plan.tf32x3 import without_idle as without_idle_tf32x3
 from ..plan.whole import SLICES as WHOLE_SLICES
 from ..problem import Problem
@@ -37,6 +38,7 @@ from ..schedule.panels import (
     tsqr_panel,
     with_loop,
 )
+from ..targets import Target
 
 MAX_CLUSTER = 16  # the most blocks per cluster the space tries (sm_90's non-portable most)
 ROWS_WIDTHS = ("auto", 8, 16, 32)
@@ -149,12 +151,15 @@ def _whole_params(threads: int, slice_: int, loop: bool = False) -> dict:
     return {**DEFAULT_PARAMS, "family": "whole", "whole_threads": threads, "whole_slice": slice_, "loop": loop}
 
 
-def schedule_from_params(problem: Problem, params: dict) -> Schedule:
-    """The schedule a point of the space stands for; ValueError where the resource model rejects it."""
+def schedule_from_params(problem: Problem, params: dict, target: Target = Target()) -> Schedule:
+    """The schedule a point of the space stands for; ValueError where the resource model rejects it (the target's
+    check: plan/planner.check)."""
     k = problem.k
     if params["family"] == "whole":
-        return Schedule(problem.m, problem.n, (Panel(k, "whole", params["whole_threads"], slice=params["whole_slice"],
-                                                     loop=params.get("loop", False)),))
+        schedule = Schedule(problem.m, problem.n, (Panel(k, "whole", params["whole_threads"],
+                                                         slice=params["whole_slice"], loop=params.get("loop", False)),))
+        check(schedule, target)
+        return schedule
     head_cols = k if params["split"] >= 1.0 else max(1, round(k * params["split"]))
     family = params["family"]
     aggregate = params.get("aggregate", 0)
@@ -190,9 +195,11 @@ def schedule_from_params(problem: Problem, params: dict) -> Schedule:
         col += panel.width
     precision = Precision(params["gram"], params["project"], params["update"])
     lookahead = params.get("lookahead", 0) if aggregate else 0
-    return without_idle_tf32x3(Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
-                                        params.get("panel_update", "cublas"), lookahead,
-                                        bool(lookahead) and params.get("reach", False)))
+    schedule = without_idle_tf32x3(Schedule(problem.m, problem.n, tuple(panels), precision, aggregate,
+                                            params.get("panel_update", "cublas"), lookahead,
+                                            bool(lookahead) and params.get("reach", False)))
+    check(schedule, target)
+    return schedule
 
 
 def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dict:

@@ -1,0 +1,229 @@
+"""Compile layer (NVRTC, no GPU): the kernel cache, NVRTC to sm_90 cubin, and every kernel family's kernels
+(the committed schedules', the defaults', the test schedules') compiled without spills. Set QRGEN_TEST_CACHE_DIR
+to reuse compiled kernels between runs."""
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES, needs_nvrtc
+from qrgen.api import keeps_q
+from qrgen.compile.nvrtc import compile_many, compile_source
+from qrgen.paths import schedule_dir
+from qrgen.plan import fused, rows, whole
+from qrgen.plan.planner import plan
+from qrgen.problem import Problem
+from qrgen.render.sources import render, render_all
+from qrgen.schedule.files import load
+from qrgen.schedule.heuristic import default_schedule
+from qrgen.schedule.model import Panel, Precision, Schedule
+from qrgen.schedule.panels import cluster_panel, lanes_panel
+from qrgen.targets import Target
+
+ROOT = Path(__file__).resolve().parents[2]
+SM90 = Target("cuda", "sm_90")
+
+pytestmark = needs_nvrtc
+
+
+def _test_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ.get("QRGEN_TEST_CACHE_DIR", str(tmp_path)))
+
+
+def _no_spills(items):
+    for binary in compile_many(items, SM90):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+TINY = 'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= 2.0f; }\n'
+
+
+def test_compile_cache_and_corruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    first = compile_source("tiny", TINY, "sm_90")
+    assert not first.cached and first.cubin.startswith(b"\x7fELF") and first.registers > 0
+    second = compile_source("tiny", TINY, "sm_90")
+    assert second.cached and second.cubin == first.cubin
+    (entry,) = list((tmp_path / "sm_90").glob("tiny-*.cubin"))
+    entry.write_bytes(b"garbage")
+    third = compile_source("tiny", TINY, "sm_90")
+    assert not third.cached and third.cubin == first.cubin
+    assert compile_source("tiny", TINY, "sm_90").cached
+
+
+def test_compile_error_names_the_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="NVRTC failed to compile broken"):
+        compile_source("broken", "this is not CUDA", "sm_90")
+
+
+def _committed_kernels():
+    """Every kernel of the committed schedules' plans, and of their keep plans where qrgen.qr uses one at the
+    file's batch (qrgen.api.keeps_q)."""
+    items = {}
+    for path in sorted((schedule_dir() / "sm_90").glob("*.json")):
+        schedule, _ = load(path)
+        batch = int(path.stem.rsplit("_b", 1)[1])
+        launches = plan(schedule, SM90).launches
+        keep = keeps_q(schedule, len(launches), batch * schedule.m * min(schedule.m, schedule.n))
+        for r in render_all(schedule, SM90) + (render_all(schedule, SM90, keep=True) if keep else []):
+            items[(path.stem, r.name)] = r.source
+    return items
+
+
+def test_every_committed_kernel_compiles_without_spills(tmp_path, monkeypatch):
+    """Every kernel the committed schedules use, compiled for sm_90: no spills, no local-memory stack."""
+    _test_cache(tmp_path, monkeypatch)
+    items = _committed_kernels()
+    assert items
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        binaries = dict(zip(items, pool.map(lambda kv: compile_source(kv[0][1], kv[1], "sm_90"), items.items())))
+    bad = {k: (b.spill_bytes, b.stack_bytes) for k, b in binaries.items() if b.spill_bytes or b.stack_bytes}
+    assert not bad, f"kernels with spills or stack (bytes): {bad}"
+    assert all(0 < b.registers <= 255 for b in binaries.values())
+
+
+def test_rows_shared_bytes_is_the_rows_panels_shared_memory(tmp_path, monkeypatch):
+    """plan.rows.shared_bytes_of (the rows family's resource model, and the whole kernel's occupancy model) is the
+    size of panel_rows's Shared for one block, checked by the compiler for several warps and widths."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    schedule = Schedule(256, 16, (Panel(16, "rows", 128),))
+    (kernel,) = [r for r in render_all(schedule, SM90) if r.name.startswith("qr_rows")]
+    checks = "".join(
+        f"static_assert(sizeof(RowsPanel<256, 16, 16, 2, {w}, {32 * warps}, 1, 4, 0, true, false, false>::Shared)"
+        f" == {rows.shared_bytes_of(warps, w)}, \"rows.shared_bytes_of({warps}, {w})\");\n"
+        for warps, w in ((1, 8), (2, 8), (4, 16), (8, 32), (32, 32)))
+    compile_source(kernel.name + "_shared_check", kernel.source + checks, "sm_90", use_cache=False)
+
+
+@pytest.mark.parametrize("schedule", COLS_SCHEDULES + LANES_SCHEDULES,
+                         ids=lambda s: f"{s.panels[0].variant}-{s.m}x{s.n}")
+def test_cols_and_lanes_kernels_compile_without_spills(schedule, tmp_path, monkeypatch):
+    _test_cache(tmp_path, monkeypatch)
+    _no_spills([(r.name, r.source) for r in render_all(schedule, SM90)])
+
+
+def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
+    """(Its plan: tests/cpu/test_plan.py, test_aggregated_schedule_plan.)"""
+    _test_cache(tmp_path, monkeypatch)
+    schedule = Schedule(256, 256, tuple(Panel(32, "rows", 64) for _ in range(8)), aggregate=128)
+    _no_spills([(r.name, r.source) for r in render_all(schedule, SM90)])
+
+
+def test_tf32x3_kernels_compile_without_spills(tmp_path, monkeypatch):
+    """Every tf32x3 kernel (project, project64, update, gram) compiles for sm_90 without spills. (Which schedules
+    bring which: tests/cpu/test_plan.py, test_tf32x3_products_plan_and_render.)"""
+    _test_cache(tmp_path, monkeypatch)
+    panels = tuple(Panel(32, "rows", 64) for _ in range(8))
+    items = {}
+    for aggregate in (128, 64):
+        schedule = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate)
+        items.update((r.name, r.source) for r in render_all(schedule, SM90) if "gemm3" in r.name)
+    assert sorted(items) == ["qr_gemm3_gram", "qr_gemm3_project", "qr_gemm3_project64", "qr_gemm3_update"]
+    _no_spills(list(items.items()))
+
+
+def test_cluster_panel_kernels_compile_without_spills(tmp_path, monkeypatch):
+    _test_cache(tmp_path, monkeypatch)
+    panels, col = [], 0
+    while col < 96:
+        panels.append(cluster_panel(8192 - col, 32, 8) if col < 64 else cluster_panel(8192 - col, 16, 4))
+        col += panels[-1].width
+    schedule = Schedule(8192, 96, tuple(panels))
+    _no_spills([(r.name, r.source) for r in render_all(schedule, SM90)])
+
+
+def test_default_cluster_panels_compile_without_spills(tmp_path, monkeypatch):
+    """The default's lanes panels on clusters for batches (schedule.heuristic.default_cluster): the widest and
+    narrowest blocks of each, at 512, 1024 and 4096 rows, compile for sm_90 without spills."""
+    _test_cache(tmp_path, monkeypatch)
+    items = []
+    for m, n, batch, blocks in [(512, 512, 4, 2), (1024, 1024, 8, 4), (4096, 512, 4, 16)]:
+        schedule = default_schedule(Problem(m, n, batch))
+        assert all(p.variant == "lanes" and p.blocks == blocks for p in schedule.panels)
+        lanes = [r for r in render_all(schedule, SM90) if r.name.startswith("qr_lanes")]
+        items += [(r.name, r.source) for r in (lanes[0], lanes[-1])]
+    _no_spills(items)
+
+
+def test_default_for_many_matrices_compiles_without_spills(tmp_path, monkeypatch):
+    """The default for 64 or more matrices of 384 to 512 rows (schedule.heuristic.default_many) at a shape whose rows
+    and columns are no multiple of 16, and wide: every kernel compiles for sm_90 without spills."""
+    _test_cache(tmp_path, monkeypatch)
+    schedule = default_schedule(Problem(500, 450, 64))
+    assert schedule.aggregate == 64 and {p.width for p in schedule.panels[:-1]} == {16}
+    items = [(r.name, r.source) for r in render_all(schedule, SM90)]
+    assert any(name == "qr_gemm3_project64" for name, _ in items)
+    _no_spills(items)
+
+
+def test_fused_q_kernel_compiles_without_spills(tmp_path, monkeypatch):
+    _test_cache(tmp_path, monkeypatch)
+    for m, n in [(100, 20), (250, 32), (400, 32)]:
+        schedule = Schedule(m, n, (lanes_panel(m, n),))
+        items = [(r.name, r.source) for r in render_all(schedule, SM90) if r.name.endswith("_q")]
+        assert len(items) == 1
+        (binary,) = compile_many(items, SM90)
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+def test_fused_panel_products_compile_without_spills(tmp_path, monkeypatch):
+    """The fused kernel for every padding of W's rows (4, 8, 16, 32) and odd widths: 0 spills, shared memory (all of
+    it dynamic) within two blocks per SM, registers within two blocks of 256 threads per SM."""
+    _test_cache(tmp_path, monkeypatch)
+    kernels = [fused.kernel(w) for w in (1, 4, 5, 8, 13, 16, 20, 32)]
+    kernels += [fused.kernel(w, cl) for w in (5, 32) for cl in fused.CLUSTER_SIZES[1:]]
+    items = [(r.name, r.source) for r in (render(k, None, SM90) for k in kernels)]
+    spec = {k.name: k for k in kernels}
+    for binary in compile_many(items, SM90):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+        static = re.search(r"(\d+) bytes smem", binary.log)
+        smem = int(static.group(1)) if static else 0
+        shared = spec[binary.name].shared_bytes
+        assert binary.registers <= 128 and smem == 0 and 2 * shared <= 227 * 1024, (binary.name, binary.registers)
+
+
+def _whole(m, n, threads, slice_, loop=False):
+    return Schedule(m, n, (Panel(min(m, n), "whole", threads, slice=slice_, loop=loop),))
+
+
+@pytest.mark.parametrize("m,n,threads,slice_,loop", [(64, 64, 64, 8, False), (48, 48, 32, 4, False),
+                                                     (64, 32, 32, 4, False), (130, 100, 128, 16, True),
+                                                     (100, 130, 128, 4, False), (176, 176, 256, 32, True)])
+def test_whole_kernels_compile_without_spills(m, n, threads, slice_, loop, tmp_path, monkeypatch):
+    """(The whole family's rules, plan and emulation: tests/cpu/test_whole.py.)"""
+    _test_cache(tmp_path, monkeypatch)
+    schedule = _whole(m, n, threads, slice_, loop)
+    (rendered,) = render_all(schedule, SM90)
+    min_blocks = whole.min_blocks(plan(schedule, SM90).kernels[0], SM90.limits)
+    assert f"__launch_bounds__({threads}, {min_blocks})" in rendered.source
+    (binary,) = compile_many([(rendered.name, rendered.source)], SM90)
+    assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary.name
+
+
+def _tool(name):
+    """A development tool's module (tools/)."""
+    import importlib.util
+
+    path = ROOT / "tools" / name
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("rows,slots,blocks", [(176, 8, 1), (2048, 16, 8)])
+def test_lanes_phases_tool_instruments_the_current_template(rows, slots, blocks):
+    # the lanes_phases tool patches the rendered lanes kernel at its phase boundaries: every anchor must still be
+    # there (it raises otherwise) and the instrumented kernel must compile.
+    script = _tool("lanes_phases.py")
+    schedule, panel, kernel = script.panel_kernel(rows, slots, blocks, SM90)
+    assert panel.blocks == blocks
+    source = script.instrument(render(kernel, schedule, SM90).source, 32, 4 * blocks)
+    assert source.count("= clock64();") == 10  # start, dots, three marks on each exchange path, update, loop end
+    (binary,) = compile_many([(kernel.name + "_phases", source)], SM90, use_cache=False)
+    assert binary.spill_bytes == 0
+    with pytest.raises(ValueError, match="template changed"):
+        script.instrument("no kernel here", 32, 1)

@@ -1,0 +1,241 @@
+"""CPU layer: planning (kernel specs, launches, the families' resource models) and rendering (the strict Jinja
+environment, the constants and launch signatures in the sources), without NVRTC."""
+import ctypes
+import json
+import re
+
+import jinja2
+import pytest
+
+from kernel_cases import LANES_SCHEDULES
+from qrgen.plan import cols, fused, tmat
+from qrgen.plan.family import PANEL_SIGNATURE
+from qrgen.plan.planner import check, plan
+from qrgen.problem import Problem
+from qrgen.render.environment import environment
+from qrgen.render.sources import render, render_all
+from qrgen.run.launch import CTYPES
+from qrgen.schedule.heuristic import default_schedule
+from qrgen.schedule.model import MAX_AGGREGATE, Panel, Precision, Schedule
+from qrgen.targets import Target
+
+SM90 = Target("cuda", "sm_90")
+
+
+def test_environment_is_strict():
+    env = environment()
+    assert env.undefined is jinja2.StrictUndefined
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing }}").render()
+
+
+def test_plan_shares_kernels_and_orders_launches():
+    s = Schedule(100, 100, (Panel(32, "rows", 64), Panel(32, "rows", 64), Panel(32, "warp", 32), Panel(4, "warp", 32)))
+    p = plan(s)
+    kernels, launches = p.kernels, p.launches
+    assert [L.c0 for L in launches] == [0, 32, 64, 96]
+    assert [L.rows for L in launches] == [100, 68, 36, 4]
+    assert [L.trail for L in launches] == [True, True, True, False]
+    assert len({k.name for k in kernels}) == len(kernels) == 3
+    assert launches[0].kernel == launches[1].kernel  # 100 and 68 rows over 64 threads: two rows each
+    assert p.kernel(launches[0].kernel).columns == (0, 32)
+
+
+def test_render_is_deterministic_and_constants_are_in_the_source():
+    s = default_schedule(Problem(176, 176, 40))
+    first = render_all(s, SM90)
+    assert [r.source for r in first] == [r.source for r in render_all(s, SM90)]
+    src = first[0].source
+    assert "Do not edit" in src and "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false>" in src
+    rows_src = render_all(default_schedule(Problem(176, 176, 640)), SM90)[0].source  # past two blocks per SM: rows
+    assert "panel_rows<176, 176, 176," in rows_src
+
+
+def test_vector_width_follows_alignment():
+    """The panel kernels' loads (the fused products choose 16 or 4 bytes at run time)."""
+    kernels = plan(default_schedule(Problem(33, 33, 640))).kernels
+    assert {k.vec for k in kernels if k.variant != "fused"} == {1}
+    kernels = plan(default_schedule(Problem(64, 64, 640))).kernels
+    assert {k.vec for k in kernels if k.variant not in ("fused", "lanes")} == {4}  # (the last 32 rows: one-warp lanes)
+    kernels = plan(default_schedule(Problem(64, 64, 4))).kernels
+    panels = [k for k in kernels if k.variant != "fused"]
+    assert {k.variant for k in panels} == {"lanes"} and {k.vec for k in panels} == {1}  # one float per lane
+
+
+def test_cols_plan_shared_memory_and_names():
+    from kernel_cases import COLS_SCHEDULES
+
+    p = plan(COLS_SCHEDULES[0])
+    kernels, launches = p.kernels, p.launches
+    assert [k.variant for k in kernels] == ["cols", "cols"]
+    assert launches[0].shared_bytes == cols.shared_bytes_of(96, 6, True) > 48 * 1024
+    assert launches[1].shared_bytes == cols.shared_bytes_of(80, 3, False)
+    assert kernels[0].name == "qr_cols_w96_c4_s6_v4_trail"
+
+
+def test_cols_shared_memory_budget_is_checked():
+    schedule = Schedule(288, 288, (Panel(128, "cols", 512, 1, 8), Panel(128, "cols", 512, 1, 8), Panel(32, "warp", 32)))
+    with pytest.raises(ValueError, match="shared memory"):
+        check(schedule, SM90)
+    with pytest.raises(ValueError, match="shared memory"):
+        plan(schedule)
+
+
+def test_aggregated_schedule_plan():
+    schedule = Schedule(256, 256, tuple(Panel(32, "rows", 64) for _ in range(8)), aggregate=128)
+    p = plan(schedule)
+    kernels, launches = p.kernels, p.launches
+    tmat_spec = next(k for k in kernels if k.name == tmat.NAME)
+    assert tmat_spec.threads == tmat.THREADS == 1024
+    assert kernels[-1].name == "qr_gemm3_gram"  # an fp32 G of few matrices in parts (run/buffers.gram_splits)
+    assert [L.nc for L in launches[:4]] == [96, 64, 32, 0] and all(L.trail for L in launches[:4])
+    assert [L.v_row for L in launches[:4]] == [0, 32, 64, 96] and {L.v_ld for L in launches[:4]} == {256}
+
+
+TF32X3_PANELS = tuple(Panel(32, "rows", 64) for _ in range(8))
+
+
+def test_tf32x3_products_plan_and_render():
+    """A schedule whose products are tf32x3 brings the tf32x3 kernels (only the stages that ask); an fp32 Gram
+    matrix of aggregates brings the gram kernel whatever the products (G in tf32x3 where an update in tf32x3 takes
+    the merge, or in parts for few matrices: run/buffers.gram_splits). (Their compilation: tests/compile.)"""
+    names = {}
+    for project, update in (("fp32", "fp32"), ("tf32x3", "fp32"), ("tf32x3", "tf32x3")):
+        schedule = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", project, update), aggregate=128)
+        names[update] = [k.name for k in plan(schedule).kernels if k.variant == "tf32x3"]
+        if project == "fp32":
+            assert names[update] == ["qr_gemm3_gram"]
+        if update == "fp32" and project == "tf32x3":
+            assert names[update] == ["qr_gemm3_project", "qr_gemm3_gram"]
+    assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update", "qr_gemm3_gram"]
+    # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
+    one = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
+    assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_gemm3_update", "qr_gemm3_gram"]
+    # aggregates of 64: their projections on the 64-row tiles (tf32x3.project_kind), the 128-row kernel not built
+    by64 = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
+    assert [k.name for k in plan(by64).kernels if k.variant == "tf32x3"] == [
+        "qr_gemm3_project64", "qr_gemm3_update", "qr_gemm3_gram"]
+    items = dict((r.name, r.source) for s in (schedule, by64) for r in render_all(s, SM90) if "gemm3" in r.name)
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in next(iter(items.values()))
+    assert "#define BM 64" in items["qr_gemm3_project64"] and "#define BM 128" in items["qr_gemm3_project"]
+
+
+def test_lanes_panels_and_gram_precision():
+    schedule = LANES_SCHEDULES[1]
+    assert [p.variant for p in schedule.panels] == ["lanes"] * 6
+    assert [p.threads for p in schedule.panels][:2] == [192, 160]
+    kernels = plan(schedule).kernels
+    assert kernels[0].name == "qr_lanes_w32_t192_s30_trail" and kernels[-1].name == "qr_lanes_w16_t32_s16"
+    tf32 = Schedule(32, 32, (Panel(16, "lanes", 32), Panel(16, "rows", 32)), precision=Precision(gram="tf32"))
+    assert (tf32.panel_gram(0), tf32.panel_gram(1)) == ("fp32", "tf32")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Panel(32, "lanes", 48)
+    with pytest.raises(ValueError, match="registers"):
+        check(Schedule(2000, 32, (Panel(32, "lanes", 1024),)), SM90)
+
+
+def test_lanes_panels_on_clusters():
+    """Lanes panels whose rows a cluster of blocks shares: validated, named apart, slots counted over the blocks,
+    the cluster launch attribute and the exchange through the blocks' shared memory in the source."""
+    schedule = LANES_SCHEDULES[6]
+    panel = schedule.panels[0]
+    assert (panel.variant, panel.threads, panel.blocks, panel.cluster) == ("lanes", 512, 8, True)
+    p = plan(schedule)
+    kernels, launches = p.kernels, p.launches
+    assert kernels[0].name == "qr_lanes_w32_t512_c8_s32_trail" and kernels[0].slots == 32
+    assert all(L.cluster and L.blocks == 8 for L in launches)
+    source = render(kernels[0], schedule, SM90).source
+    assert "__cluster_dims__(8, 1, 1)" in source and "push_peer_at(peer[q], &sm, &sm.xr[buf][g][lane], sum" in source
+    assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true, false>" in source
+    assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
+    with pytest.raises(ValueError, match="blocks=1, or 2 or more blocks with cluster=True; got blocks=8"):
+        Panel(32, "lanes", 512, 8)
+    # more blocks than a cluster of the target may have: refused for the target, naming its most
+    with pytest.raises(ValueError, match="at most 16"):
+        check(Schedule(4096, 32, (Panel(32, "lanes", 512, 17, cluster=True),)), SM90)
+
+
+@pytest.mark.parametrize("m,n,batch,fused_q", [(32, 32, 20, True), (100, 20, 3, True), (40, 1, 2, True),
+                                               (32, 32, 20000, True), (64, 64, 3, False), (10, 100, 3, False),
+                                               (4096, 32, 1, False)])
+def test_fused_q_kernel_only_for_one_lanes_panel_on_one_block(m, n, batch, fused_q):
+    """qr's one-launch Q and R: a lanes kernel with FORMQ where the schedule is one lanes panel on one block with no
+    columns right of it (m >= n, n <= 32); nothing extra for other schedules (warp panels, several panels, a wide
+    matrix's trailing columns, clusters)."""
+    schedule = default_schedule(Problem(m, n, batch))
+    p = plan(schedule)
+    q = [k for k in p.kernels if k.formq]
+    assert bool(q) == fused_q
+    if fused_q:
+        (k,) = q
+        assert k.name == p.launches[0].kernel + "_q" and k.variant == "lanes" and k.width == n
+        source = render(k, schedule, SM90).source
+        assert "true>(\n      src, h, tau, vt, zt" in source  # FORMQ, the last template argument
+
+
+def test_fused_panel_products_sources():
+    """The fused kernel for every padding of W's rows (4, 8, 16, 32) and odd widths: its copies asynchronous, a
+    cluster where its name says so. (Spills, registers and shared memory: tests/compile.)"""
+    kernels = [fused.kernel(w) for w in (1, 4, 5, 8, 13, 16, 20, 32)]
+    kernels += [fused.kernel(w, cl) for w in (5, 32) for cl in fused.CLUSTER_SIZES[1:]]
+    items = [(r.name, r.source) for r in (render(k, None, SM90) for k in kernels)]
+    assert all("cp.async.cg.shared.global" in src and "cp.async.ca.shared.global" in src for _, src in items)
+    assert all(("__cluster_dims__" in src) == ("_c" in name) for name, src in items)
+    assert all(2 * k.shared_bytes <= SM90.limits.shared_bytes for k in kernels)  # two blocks per SM
+
+
+def test_tmat_shared_memory_fits_one_block():
+    """The T kernel stages G (a half's diagonal block, then G12), T1, T2 and X in shared memory: within an sm_90
+    block's 227 KB for every aggregate size (every width a schedule or qrgen.numerics.qmatrix can give it), growing
+    with it; at tmat.BLOCKED_MAX G, T and X of 128 rows less one block for X, as before the halves."""
+    assert MAX_AGGREGATE == tmat.MAX == 2 * tmat.BLOCKED_MAX
+    sizes = [tmat.shared_bytes(a) for a in range(1, tmat.MAX + 1)]
+    assert max(sizes) == sizes[-1] == tmat.kernel().shared_bytes <= SM90.limits.shared_bytes
+    assert all(x <= y for x, y in zip(sizes, sizes[1:]))
+    assert tmat.shared_bytes(tmat.BLOCKED_MAX) == 4 * (128 * (132 + 132) + 96 * 36)
+    with pytest.raises(ValueError, match="1 to 256"):
+        tmat.shared_bytes(tmat.MAX + 1)
+
+
+def _signature(source: str, name: str) -> tuple:
+    """The ctypes of kernel `name`'s parameters as its rendered source declares them."""
+    match = re.search(r'extern "C" __global__ void[^(]*(?:\([^)]*\)[^(]*)*?\b' + name + r"\(([^)]*)\)", source)
+    assert match, name
+    kinds = []
+    for param in match.group(1).split(","):
+        words = param.replace("*", " * ").split()
+        kinds.append(ctypes.c_uint64 if "*" in words else ctypes.c_int64 if words.count("long") == 2
+                     else ctypes.c_uint32 if "unsigned" in words else ctypes.c_int32 if "int" in words
+                     else ctypes.c_float if "float" in words else None)
+    return tuple(kinds)
+
+
+def test_packed_launch_arguments_match_the_kernels_signatures():
+    """The launches pack each kernel's arguments by a signature string (plan.family.PANEL_SIGNATURE and the
+    families' SIGNATUREs, turned into ctypes by run.launch.CTYPES) that the driver copies by size: every signature
+    has the count, order and widths of the parameters its kernels declare (a mismatch would read the wrong bytes on
+    the GPU, with no error)."""
+    from qrgen.plan import rowsplit, scale, tf32x3, tsqr
+
+    expected = {"rows": PANEL_SIGNATURE, "lanes": PANEL_SIGNATURE, "warp": PANEL_SIGNATURE, "cols": PANEL_SIGNATURE,
+                "tsqr": tsqr.SIGNATURE, "tmat": tmat.SIGNATURE, "tf32x3": tf32x3.SIGNATURE,
+                "scale": scale.SIGNATURE, "fused": fused.SIGNATURE, "project": rowsplit.PROJECT_SIGNATURE,
+                "update": rowsplit.UPDATE_SIGNATURE}
+    schedules = [
+        Schedule(256, 256, tuple(Panel(32, "rows", 64) for _ in range(8)), Precision("fp32", "tf32x3", "tf32x3"),
+                 aggregate=128, panel_update="fused"),
+        Schedule(256, 256, tuple(Panel(16, "lanes", 128) for _ in range(16)), Precision("fp16", "fp32", "fp16"),
+                 aggregate=64, panel_update="rowsplit"),
+        Schedule(4096, 32, (Panel(16, "tsqr", 256, tile=512), Panel(16, "tsqr", 256, tile=512))),
+        Schedule(128, 128, tuple(Panel(32, "warp", 32) for _ in range(4))),
+        Schedule(64, 64, (Panel(64, "cols", 256, slice=8),)),
+    ]
+    seen = set()
+    for schedule in schedules:
+        kernels = {k.name: k for k in plan(schedule).kernels}
+        for rendered in render_all(schedule, SM90):
+            variant = kernels[rendered.name].variant
+            packed = tuple(CTYPES[code] for code in expected[variant])
+            assert _signature(rendered.source, rendered.name) == packed, rendered.name
+            seen.add(variant)
+    assert seen == set(expected)

@@ -1,0 +1,54 @@
+"""Test helpers shared by the layers (tests/ is on sys.path through conftest.py): schedules whose kernels the
+planning tests name, the compile tests build and the GPU tests run (cols and lanes panels), and whether NVRTC is
+there."""
+import pytest
+
+from qrgen.schedule.model import Panel, Schedule
+from qrgen.schedule.panels import lanes_panel
+
+
+def nvrtc_available() -> bool:
+    try:
+        from qrgen.compile.nvrtc import version
+
+        version()
+        return True
+    except Exception:
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed (pip install -e .[cuda])")
+
+
+def lanes_schedule(m, n, width, slots, aggregate=0, blocks=1):
+    """Lanes panels (about `slots` rows per warp) of `width` columns, not straddling aggregates; blocks > 1: on
+    clusters of that many blocks."""
+    k, panels, col = min(m, n), [], 0
+    while col < k:
+        end = k if not aggregate else min(k, (col // aggregate + 1) * aggregate)
+        panel = lanes_panel(m - col, min(width, end - col), slots, blocks)
+        panels.append(panel)
+        col += panel.width
+    return Schedule(m, n, tuple(panels), aggregate=aggregate)
+
+
+COLS_SCHEDULES = [
+    Schedule(176, 176, (Panel(96, "cols", 768, 1, 4), Panel(80, "cols", 640, 1, 4))),
+    Schedule(100, 100, (Panel(48, "cols", 192, 1, 8), Panel(52, "cols", 224, 1, 8))),
+    Schedule(352, 352, tuple(Panel(64, "cols", 512, 1, 4) for _ in range(5)) + (Panel(32, "cols", 256, 1, 4),)),
+    Schedule(300, 70, (Panel(64, "cols", 512, 1, 4), Panel(6, "cols", 96, 1, 2))),
+]
+
+LANES_SCHEDULES = [
+    lanes_schedule(32, 32, 32, 32),
+    lanes_schedule(176, 176, 32, 32),
+    lanes_schedule(100, 70, 16, 16),
+    lanes_schedule(300, 200, 32, 48, aggregate=64),
+    lanes_schedule(33, 257, 8, 8),
+    lanes_schedule(257, 33, 32, 24),
+    lanes_schedule(4096, 64, 32, 32, blocks=8),
+    lanes_schedule(1000, 300, 32, 8, aggregate=128, blocks=4),
+    lanes_schedule(10, 100, 32, 8, blocks=2),  # a wide matrix: one warp in each of two blocks
+    lanes_schedule(48, 80, 16, 48),  # one warp and one block: columns unrolled, each panel with columns right of it
+    lanes_schedule(2048, 96, 32, 16, aggregate=64, blocks=16),  # a non-portable cluster of 16 blocks
+]

@@ -1,0 +1,1 @@
+"""qrgen's development tools (README.md is the index); a package so that the tools share tools/cases.py."""
