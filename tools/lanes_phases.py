@@ -2,7 +2,7 @@
 
     python3 tools/lanes_phases.py 40x176x32:slots=8 8x2048x32:slots=16,blocks=8
 
-A case is BATCHxMx32:slots=S[,blocks=B]: one 32-column lanes panel of M rows (templates/cuda/panel_lanes.cuh.j2,
+A case is BATCHxMx32:slots=S[,blocks=B]: one 32-column lanes panel of M rows (templates/cuda/panel_lanes.cuh,
 about S rows a warp, on B blocks: a cluster when B > 1; qrgen.schedule.panels.lanes_panel) is rendered,
 `clock64()` stored at each phase boundary of every column by lane 0 of warp 0 and of the last warp of every block,
 run on BATCH random matrices, and the medians over columns 2-29 and all blocks printed in cycles. Phases of a column
@@ -66,15 +66,15 @@ def instrument(source: str, columns: int, blocks: int) -> str:
     dots = "    float tot = (p[0] + p[1]) + (p[2] + p[3]);\n"
     sub(dots, dots + mark(1) + "\n")
     # a cluster: after the block's barrier, around the mbarrier wait
-    sub("      __syncthreads();\n      if (t == 0) mbar_arrive_expect",
-        "      __syncthreads();\n" + mark(2) + "\n      if (t == 0) mbar_arrive_expect")
+    sub("      block_barrier();\n      if (t == 0) mbar_arrive_expect",
+        "      block_barrier();\n" + mark(2) + "\n      if (t == 0) mbar_arrive_expect")
     sub("      mbar_wait(&sm.bar[buf], (unsigned)(j >> 1) & 1u);",
         mark(3) + "\n      mbar_wait(&sm.bar[buf], (unsigned)(j >> 1) & 1u);\n" + mark(4))
     # one block: after the first barrier, around the second
-    sub("      __syncthreads();\n      \n      if (warp == 0) {",
-        "      __syncthreads();\n" + mark(2) + "\n      if (warp == 0) {")
-    sub("      }\n      __syncthreads();\n      ws = sm.cf[buf][0][lane];",
-        "      }\n" + mark(3) + "\n      __syncthreads();\n" + mark(4) + "\n      ws = sm.cf[buf][0][lane];")
+    sub("      block_barrier();\n      if (warp == 0) {",
+        "      block_barrier();\n" + mark(2) + "\n      if (warp == 0) {")
+    sub("      }\n      block_barrier();\n      ws = sm.cf[buf][0][lane];",
+        "      }\n" + mark(3) + "\n      block_barrier();\n" + mark(4) + "\n      ws = sm.cf[buf][0][lane];")
     sub("    // Selects, not branches", mark(5) + "\n    // Selects, not branches")
     loop = "#pragma unroll 1\n      for (int j = 0; j < NB; ++j) column(j);\n"
     sub(loop, loop + "#undef QR_PHASE_COLUMN\n#define QR_PHASE_COLUMN NB\n" + mark(0) + "\n")

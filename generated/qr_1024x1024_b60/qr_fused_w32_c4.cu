@@ -13,10 +13,72 @@
 // projects and updates its share, whole 4-row groups), every block adding the blocks' partial W from their shared
 // memory in rank order (the same sum in each).
 // Target: sm_90.
+// The dialect layer, CUDA's: what kernel bodies need that each GPU backend spells its own way, behind neutral
+// names. A Metal port adds templates/metal/dialect.h with the same names over MSL's own (named beside each helper
+// below). Each helper is force-inlined and does exactly what the intrinsic it wraps does, with the same mask and
+// the same order of operations, so the machine code is the same as with the intrinsic written out. Features only
+// some targets have (clusters and distributed shared memory, mbarriers, cp.async, tensor-core mma) are not
+// dialect: each has its own header, included by the kernels that use it.
 
-#define QR_FULL_MASK 0xffffffffu
+#define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
 
+// Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+#define QR_SHARED __shared__
+#define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
 
+// Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory
+// writes are visible to each other after it (MSL: threadgroup_barrier, simdgroup_barrier).
+__device__ __forceinline__ void block_barrier() { __syncthreads(); }
+__device__ __forceinline__ void warp_barrier() { __syncwarp(); }
+
+// Orders this thread's global-memory writes before its later ones, as other blocks see them (MSL:
+// atomic_thread_fence at device scope).
+__device__ __forceinline__ void device_fence() { __threadfence(); }
+
+// A global-memory load past this SM's L1, so that it sees what other blocks wrote before a device fence (MSL: a
+// load through a coherent(device) pointer).
+__device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
+
+// Relaxed atomics on global memory, returning the old value (MSL: atomic_fetch_add_explicit,
+// atomic_fetch_max_explicit).
+__device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
+
+// Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
+// simd_shuffle_xor).
+__device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
+__device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
+  return __shfl_xor_sync(QR_FULL_MASK, v, mask);
+}
+
+// Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
+// of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
+// MSL's simd_sum and simd_max leave the order of the sum open; a bit-identical port keeps the butterfly.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += warp_shuffle_xor(v, off);
+  return v;
+}
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += warp_shuffle_xor(v[i], off);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, warp_shuffle_xor(v, off));
+  return v;
+}
+
+// x rounded to the product inputs' precision PREC (the codes of qrgen/plan/family.PRECISION_CODE: 0 fp32, 1 tf32,
+// 2 bf16, 3 fp16), back in a float: the hardware's conversions, to nearest (tf32: ties away from zero) (MSL:
+// conversions through half and bfloat, tf32 by its bits).
 template <int PREC>
 __device__ __forceinline__ float round_input(float x) {
   if constexpr (PREC == 1) {
@@ -39,114 +101,17 @@ __device__ __forceinline__ float round_input(float x) {
 }
 
 
-template <int OFF, int NV>
-__device__ __forceinline__ void reduce_scatter(float* v, int lane) {
-  if constexpr (OFF >= 1) {
-    if constexpr (NV > 1) {
-      const bool upper = (lane & OFF) != 0;
-#pragma unroll
-      for (int i = 0; i < NV / 2; ++i) {
-        const float send = upper ? v[i] : v[i + NV / 2];
-        const float keep = upper ? v[i + NV / 2] : v[i];
-        v[i] = keep + __shfl_xor_sync(QR_FULL_MASK, send, OFF);
-      }
-      reduce_scatter<OFF / 2, NV / 2>(v, lane);
-    } else {
-      v[0] += __shfl_xor_sync(QR_FULL_MASK, v[0], OFF);
-      reduce_scatter<OFF / 2, 1>(v, lane);
-    }
-  }
-}
-
-__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
-
-
-struct Reflector {
-  float tau, beta, scale;
-};
-
-template <bool SELECTS = false>
-__device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
-  Reflector r;
-  if constexpr (SELECTS) {
-    
-    const float s = fmaf(alpha, alpha, sigma);
-    const bool tiny = s < 1.17549435e-38f;
-    const float sc = tiny ? s * 18446744073709551616.0f : s;
-    const float inv_sc = rsqrtf(sc);
-    const float norm = (sc * inv_sc) * (tiny ? 2.3283064365386963e-10f : 1.0f);
-    const float inv_norm = inv_sc * (tiny ? 4294967296.0f : 1.0f);
-    const float beta = alpha >= 0.0f ? -norm : norm;
-    const bool identity = sigma == 0.0f;
-    r.beta = identity ? alpha : beta;
-    r.tau = identity ? 0.0f : fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
-    r.scale = identity ? 1.0f : __fdividef(1.0f, alpha - beta);
-    return r;
-  }
-  if (sigma == 0.0f) {
-    r.tau = 0.0f;
-    r.beta = alpha;
-    r.scale = 1.0f;
-  } else {
-    // The hardware reciprocal square root (2 ulp) where s is a normal number, so the column's chain has no IEEE
-    // sqrt and division sequences with their slow-path branches; below FLT_MIN the IEEE path (MUFU.RSQ would see a
-    // denormal as zero). tau = (beta - alpha) / beta = 1 - alpha / beta. |alpha - beta| >= norm >= 1e-19 and far
-    // below 2^126, where __fdividef is exact to 2 ulp.
-    const float s = fmaf(alpha, alpha, sigma);
-    float norm, inv_norm;
-    if (s >= 1.17549435e-38f) {
-      inv_norm = rsqrtf(s);
-      norm = s * inv_norm;
-    } else {
-      norm = sqrtf(s);
-      inv_norm = 1.0f / norm;
-    }
-    r.beta = alpha >= 0.0f ? -norm : norm;
-    r.tau = fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
-    r.scale = __fdividef(1.0f, alpha - r.beta);
-  }
-  return r;
-}
-
-
-__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  return remote;
-}
-
-
-__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
-}
-
-
-__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
-                                             unsigned long long* bar) {
-  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
-               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
-}
-
-
-__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(peer_address(p, rank)) : "memory");
-  return v;
-}
-
-
+// Feature "mbarrier" (sm_90): barriers in this block's shared memory that count arrivals and, for transactions,
+// bytes (the cols panels' one per reflector, the cluster panels' one per parity of the column). The polling loop of
+// the wait lives inside the asm, so the compiler sees no data-dependent loop (after one, it wrapped the following
+// warp shuffles in convergence code).
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
                : "memory");
 }
 
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  
+  // release at CTA scope: this lane's stores of the reflector are visible to whoever completes the wait
   asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
                    (unsigned)__cvta_generic_to_shared(bar))
                : "memory");
@@ -161,18 +126,60 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       : "memory");
 }
 
-
+// One arrival that also expects `bytes` more to complete in this phase (they may have arrived already).
 __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
   asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
                :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
 }
 
+// Feature "cluster" (sm_90): thread-block clusters and their distributed shared memory, each block reading and
+// writing the others' shared memory. Needs mbarrier.cuh before it (pushes complete on the receiver's mbarrier).
 
+// The address of the same shared variable as `p` in cluster block `rank`, for shared::cluster accesses.
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return remote;
+}
+
+// Pushes into another block's shared memory: st.async writes a float at the address of the same variable in block
+// `rank` and completes its bytes on that block's mbarrier (at the address of `bar` there). No fence: the receiver's
+// wait on its mbarrier makes the bytes visible (a cluster barrier's release compiles to MEMBAR.ALL.GPU and its
+// acquire to an L1 invalidation, on every column).
+__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
+}
+
+// push_peer with the address of `base` (this block's shared memory) in block `rank` given (peer_base, from
+// peer_address(base, rank) once, not two mapa a push): a variable's address there is peer_base plus its offset
+// from base here.
+__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
+                                             unsigned long long* bar) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
+               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+}
+
+// 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused
+// kernel's partial W of the other blocks).
+__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 { %0, %1, %2, %3 }, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(peer_address(p, rank)) : "memory");
+  return v;
+}
+
+// A barrier over the whole cluster (release on arrival, acquire on the wait; it compiles to MEMBAR.ALL.GPU and an
+// L1 invalidation, so the panels use it once at each end, not per column).
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-
+// The cluster panels' exchange: thread 0 initializes this block's two mbarriers (one per parity of the column),
+// and no block pushes into another before every block's are initialized.
 __device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
   if (t == 0) {
     mbar_init(&bar[0], 1);
@@ -180,74 +187,6 @@ __device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, i
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
-}
-
-
-__device__ __forceinline__ void flag_arrive(unsigned* flag) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
-}
-
-__device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-  return v;
-}
-
-template <int VEC>
-__device__ __forceinline__ void load_vec(float* dst, const float* src) {
-  if constexpr (VEC == 4) {
-    const float4 t = *reinterpret_cast<const float4*>(src);
-    dst[0] = t.x; dst[1] = t.y; dst[2] = t.z; dst[3] = t.w;
-  } else if constexpr (VEC == 2) {
-    const float2 t = *reinterpret_cast<const float2*>(src);
-    dst[0] = t.x; dst[1] = t.y;
-  } else {
-    dst[0] = *src;
-  }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_vec(float* dst, const float* src) {
-  if constexpr (VEC == 4) {
-    *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
-  } else if constexpr (VEC == 2) {
-    *reinterpret_cast<float2*>(dst) = make_float2(src[0], src[1]);
-  } else {
-    *dst = src[0];
-  }
-}
-
-
-template <int N>
-__device__ __forceinline__ void store_run(float* q, const float (&v)[N], int count) {
-  if constexpr (N % 4 == 0) {
-    if (count >= N && (reinterpret_cast<unsigned long long>(q) & 15ull) == 0) {
-#pragma unroll
-      for (int s = 0; s < N; s += 4) store_vec<4>(q + s, v + s);
-      return;
-    }
-  }
-#pragma unroll
-  for (int s = 0; s < N; ++s)
-    if (s < count) q[s] = v[s];
-}
-
-
-template <int NB, int GLD, typename Row>
-__device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
-  const volatile float* gv = g;
-#pragma unroll
-  for (int j = 0; j < NB; ++j) {
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int k = 0; k + 1 < j; k += 2) {
-      s0 = fmaf(r[k], gv[k * GLD + j], s0);
-      s1 = fmaf(r[k + 1], gv[(k + 1) * GLD + j], s1);
-    }
-    if (j & 1) s0 = fmaf(r[j - 1], gv[(j - 1) * GLD + j], s0);
-    const float tj = j < count ? tau[j] : 0.0f;
-    r[j] = j > row ? -tj * (s0 + s1) : (j == row ? tj : 0.0f);
-  }
 }
 
 
@@ -289,7 +228,7 @@ struct FusedShared {
   float wt[WP][BN];  // the cluster's total W
 
 };
-static_assert(sizeof(FusedShared) == 43008, "the launch's dynamic shared memory (codegen.fused_layout)");
+static_assert(sizeof(FusedShared) == 43008, "the launch's dynamic shared memory (plan/fused.layout)");
 
 __device__ __forceinline__ void unpack(float (&d)[4], const float4 v) {
   d[0] = v.x;
@@ -298,6 +237,9 @@ __device__ __forceinline__ void unpack(float (&d)[4], const float4 v) {
   d[3] = v.w;
 }
 
+// Feature "cp.async" (sm_80 on): global -> shared memory without a trip through registers, in groups that
+// cp.async.wait_group counts. copy16 reads the first `bytes` (0, 4, 8, 12 or 16) and zero-fills the rest; nothing
+// is read at 0 bytes (src is then any valid address). copy4 does the same for one float, zero where !ok.
 __device__ __forceinline__ void copy16(float* dst, const float* src, const int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
                "l"(src), "r"(bytes));
@@ -309,6 +251,21 @@ __device__ __forceinline__ void copy4(float* dst, const float* src, const bool o
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
+// Waits until at most N of this thread's committed groups are in flight. No memory clobber: a block barrier
+// follows before the copied data is read.
+template <int N>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// One float with no source size (the T kernel's G), and the wait for every copy of this thread, committed or not.
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+}
+
+__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 
 // Rows [r, r + 4) of a row of `rows` floats from r, in floats: 0 to 4.
@@ -380,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
     const float* __restrict__ vt, int vld, long long vs,
     float* __restrict__ c, int ldc, long long cs, int rows, int nc)
 {
-  extern __shared__ __align__(16) float fused_shared[];
+  QR_DYNAMIC_SHARED(fused_shared);
   FusedShared& sm = *reinterpret_cast<FusedShared*>(fused_shared);
   const int t = threadIdx.x, b = blockIdx.y, col0 = blockIdx.x * BN;
   zt += b * zs;
@@ -411,8 +368,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
 #pragma unroll
   for (int at = 0; at < S1 - 1; ++at) copy_projection(sm, zt, zld, c, ldc, at, n1, rows, cols, t, vec);
   for (int k = 0; k < n1; ++k) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(S1 - 2));
-    __syncthreads();  // chunk k in place; every thread done with chunk k - 1, whose buffer the next copy takes
+    async_wait<S1 - 2>();
+    block_barrier();  // chunk k in place; every thread done with chunk k - 1, whose buffer the next copy takes
     copy_projection(sm, zt, zld, c, ldc, k + S1 - 1, n1, rows, cols, t, vec);
     const int buf = k % S1;
 #pragma unroll
@@ -431,12 +388,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
           for (int e = 0; e < 4; ++e) acc[a][e] = fmaf(zr[a][u], cr[u][e], acc[a][e]);
     }
   }
-  asm volatile("cp.async.wait_group 0;");
-  __syncthreads();  // the chunks' buffers are free for the partial sums
+  async_wait<0>();
+  block_barrier();  // the chunks' buffers are free for the partial sums
 #pragma unroll
   for (int a = 0; a < 4; ++a)
     *reinterpret_cast<float4*>(&sm.x.part[q][il + TI * a][4 * jl]) = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
-  __syncthreads();
+  block_barrier();
 #pragma unroll
   for (int u = 0; u < CEIL(WP * BN, THREADS); ++u) {
     const int i = t + u * THREADS;
@@ -446,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
     for (int g = 0; g < GROUPS; ++g) sum += sm.x.part[g][i / BN][i % BN];
     sm.w[i / BN][i % BN] = sum;
   }
-  __syncthreads();  // the partial sums read: their space takes V^T's chunks
+  block_barrier();  // the partial sums read: their space takes V^T's chunks
 
   cluster_sync();  // every block's W in its shared memory
   for (int i = t; i < WP * BN / 4; i += THREADS) {
@@ -462,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
     }
     *reinterpret_cast<float4*>(&sm.wt[r][j]) = sum;
   }
-  __syncthreads();
+  block_barrier();
   const float (&wsum)[WP][BN] = sm.wt;
 
 
@@ -487,8 +444,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
         for (int e = 0; e < 4; ++e) cv[u][e] = r < rows && j0 + e < cols ? p[e] : 0.0f;
       }
     }
-    asm volatile("cp.async.wait_group %0;" ::"n"(S2 - 2));
-    __syncthreads();  // chunk k in place; every thread done with chunk k - 1
+    async_wait<S2 - 2>();
+    block_barrier();  // chunk k in place; every thread done with chunk k - 1
     copy_update(sm, vt, vld, k + S2 - 1, n2, rows, t, vec);
     const int buf = k % S2;
     float prod[4][4];
@@ -521,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) __cluster_dims__(1, 1, 
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;");
+  async_wait<0>();
 
   cluster_sync();  // no block leaves while another may still read its W
 

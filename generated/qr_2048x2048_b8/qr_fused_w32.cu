@@ -11,6 +11,93 @@
 // or per column of V (update). W's rows are padded to 32 (zeros), so any width up to 32 works. Blocks of
 // 256 threads.
 // Target: sm_90.
+// The dialect layer, CUDA's: what kernel bodies need that each GPU backend spells its own way, behind neutral
+// names. A Metal port adds templates/metal/dialect.h with the same names over MSL's own (named beside each helper
+// below). Each helper is force-inlined and does exactly what the intrinsic it wraps does, with the same mask and
+// the same order of operations, so the machine code is the same as with the intrinsic written out. Features only
+// some targets have (clusters and distributed shared memory, mbarriers, cp.async, tensor-core mma) are not
+// dialect: each has its own header, included by the kernels that use it.
+
+#define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
+
+// Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+#define QR_SHARED __shared__
+#define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
+
+// Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory
+// writes are visible to each other after it (MSL: threadgroup_barrier, simdgroup_barrier).
+__device__ __forceinline__ void block_barrier() { __syncthreads(); }
+__device__ __forceinline__ void warp_barrier() { __syncwarp(); }
+
+// Orders this thread's global-memory writes before its later ones, as other blocks see them (MSL:
+// atomic_thread_fence at device scope).
+__device__ __forceinline__ void device_fence() { __threadfence(); }
+
+// A global-memory load past this SM's L1, so that it sees what other blocks wrote before a device fence (MSL: a
+// load through a coherent(device) pointer).
+__device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
+
+// Relaxed atomics on global memory, returning the old value (MSL: atomic_fetch_add_explicit,
+// atomic_fetch_max_explicit).
+__device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
+
+// Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
+// simd_shuffle_xor).
+__device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
+__device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
+  return __shfl_xor_sync(QR_FULL_MASK, v, mask);
+}
+
+// Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
+// of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
+// MSL's simd_sum and simd_max leave the order of the sum open; a bit-identical port keeps the butterfly.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += warp_shuffle_xor(v, off);
+  return v;
+}
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += warp_shuffle_xor(v[i], off);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, warp_shuffle_xor(v, off));
+  return v;
+}
+
+// x rounded to the product inputs' precision PREC (the codes of qrgen/plan/family.PRECISION_CODE: 0 fp32, 1 tf32,
+// 2 bf16, 3 fp16), back in a float: the hardware's conversions, to nearest (tf32: ties away from zero) (MSL:
+// conversions through half and bfloat, tf32 by its bits).
+template <int PREC>
+__device__ __forceinline__ float round_input(float x) {
+  if constexpr (PREC == 1) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+  } else if constexpr (PREC == 2) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return __uint_as_float(((unsigned)r) << 16);
+  } else if constexpr (PREC == 3) {
+    unsigned short r;
+    float y;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(y) : "h"(r));
+    return y;
+  } else {
+    return x;
+  }
+}
+
 
 #define WIDTH 32
 #define WP 32                      // W's rows, padded
@@ -48,7 +135,7 @@ struct FusedShared {
   float w[WP][BN];
 
 };
-static_assert(sizeof(FusedShared) == 38912, "the launch's dynamic shared memory (codegen.fused_layout)");
+static_assert(sizeof(FusedShared) == 38912, "the launch's dynamic shared memory (plan/fused.layout)");
 
 __device__ __forceinline__ void unpack(float (&d)[4], const float4 v) {
   d[0] = v.x;
@@ -57,6 +144,9 @@ __device__ __forceinline__ void unpack(float (&d)[4], const float4 v) {
   d[3] = v.w;
 }
 
+// Feature "cp.async" (sm_80 on): global -> shared memory without a trip through registers, in groups that
+// cp.async.wait_group counts. copy16 reads the first `bytes` (0, 4, 8, 12 or 16) and zero-fills the rest; nothing
+// is read at 0 bytes (src is then any valid address). copy4 does the same for one float, zero where !ok.
 __device__ __forceinline__ void copy16(float* dst, const float* src, const int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
                "l"(src), "r"(bytes));
@@ -68,6 +158,21 @@ __device__ __forceinline__ void copy4(float* dst, const float* src, const bool o
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
+// Waits until at most N of this thread's committed groups are in flight. No memory clobber: a block barrier
+// follows before the copied data is read.
+template <int N>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// One float with no source size (the T kernel's G), and the wait for every copy of this thread, committed or not.
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+}
+
+__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 
 // Rows [r, r + 4) of a row of `rows` floats from r, in floats: 0 to 4.
@@ -139,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
     const float* __restrict__ vt, int vld, long long vs,
     float* __restrict__ c, int ldc, long long cs, int rows, int nc)
 {
-  extern __shared__ __align__(16) float fused_shared[];
+  QR_DYNAMIC_SHARED(fused_shared);
   FusedShared& sm = *reinterpret_cast<FusedShared*>(fused_shared);
   const int t = threadIdx.x, b = blockIdx.y, col0 = blockIdx.x * BN;
   zt += b * zs;
@@ -162,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
 #pragma unroll
   for (int at = 0; at < S1 - 1; ++at) copy_projection(sm, zt, zld, c, ldc, at, n1, rows, cols, t, vec);
   for (int k = 0; k < n1; ++k) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(S1 - 2));
-    __syncthreads();  // chunk k in place; every thread done with chunk k - 1, whose buffer the next copy takes
+    async_wait<S1 - 2>();
+    block_barrier();  // chunk k in place; every thread done with chunk k - 1, whose buffer the next copy takes
     copy_projection(sm, zt, zld, c, ldc, k + S1 - 1, n1, rows, cols, t, vec);
     const int buf = k % S1;
 #pragma unroll
@@ -182,12 +287,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
           for (int e = 0; e < 4; ++e) acc[a][e] = fmaf(zr[a][u], cr[u][e], acc[a][e]);
     }
   }
-  asm volatile("cp.async.wait_group 0;");
-  __syncthreads();  // the chunks' buffers are free for the partial sums
+  async_wait<0>();
+  block_barrier();  // the chunks' buffers are free for the partial sums
 #pragma unroll
   for (int a = 0; a < 4; ++a)
     *reinterpret_cast<float4*>(&sm.x.part[q][il + TI * a][4 * jl]) = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
-  __syncthreads();
+  block_barrier();
 #pragma unroll
   for (int u = 0; u < CEIL(WP * BN, THREADS); ++u) {
     const int i = t + u * THREADS;
@@ -197,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
     for (int g = 0; g < GROUPS; ++g) sum += sm.x.part[g][i / BN][i % BN];
     sm.w[i / BN][i % BN] = sum;
   }
-  __syncthreads();  // the partial sums read: their space takes V^T's chunks
+  block_barrier();  // the partial sums read: their space takes V^T's chunks
 
   const float (&wsum)[WP][BN] = sm.w;
 
@@ -223,8 +328,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
         for (int e = 0; e < 4; ++e) cv[u][e] = r < rows && j0 + e < cols ? p[e] : 0.0f;
       }
     }
-    asm volatile("cp.async.wait_group %0;" ::"n"(S2 - 2));
-    __syncthreads();  // chunk k in place; every thread done with chunk k - 1
+    async_wait<S2 - 2>();
+    block_barrier();  // chunk k in place; every thread done with chunk k - 1
     copy_update(sm, vt, vld, k + S2 - 1, n2, rows, t, vec);
     const int buf = k % S2;
     float prod[4][4];
@@ -257,6 +362,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_fused_w32(
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;");
+  async_wait<0>();
 
 }

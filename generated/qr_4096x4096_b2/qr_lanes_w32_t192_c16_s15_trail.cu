@@ -2,9 +2,73 @@
 // Problem: 4096x4096 float32, row-major, batched. Target: sm_90.
 // Kernel: qr_lanes_w32_t192_c16_s15_trail: a lanes panel 32 columns wide (lane c owns column c), 192 threads x 16 blocks per matrix (one cluster),
 // 15 row(s) per warp; used by panels at columns (2656, 2688, 2720).
-#define QR_FULL_MASK 0xffffffffu
 
+// The dialect layer, CUDA's: what kernel bodies need that each GPU backend spells its own way, behind neutral
+// names. A Metal port adds templates/metal/dialect.h with the same names over MSL's own (named beside each helper
+// below). Each helper is force-inlined and does exactly what the intrinsic it wraps does, with the same mask and
+// the same order of operations, so the machine code is the same as with the intrinsic written out. Features only
+// some targets have (clusters and distributed shared memory, mbarriers, cp.async, tensor-core mma) are not
+// dialect: each has its own header, included by the kernels that use it.
 
+#define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
+
+// Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+#define QR_SHARED __shared__
+#define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
+
+// Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory
+// writes are visible to each other after it (MSL: threadgroup_barrier, simdgroup_barrier).
+__device__ __forceinline__ void block_barrier() { __syncthreads(); }
+__device__ __forceinline__ void warp_barrier() { __syncwarp(); }
+
+// Orders this thread's global-memory writes before its later ones, as other blocks see them (MSL:
+// atomic_thread_fence at device scope).
+__device__ __forceinline__ void device_fence() { __threadfence(); }
+
+// A global-memory load past this SM's L1, so that it sees what other blocks wrote before a device fence (MSL: a
+// load through a coherent(device) pointer).
+__device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
+
+// Relaxed atomics on global memory, returning the old value (MSL: atomic_fetch_add_explicit,
+// atomic_fetch_max_explicit).
+__device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
+
+// Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
+// simd_shuffle_xor).
+__device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
+__device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
+  return __shfl_xor_sync(QR_FULL_MASK, v, mask);
+}
+
+// Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
+// of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
+// MSL's simd_sum and simd_max leave the order of the sum open; a bit-identical port keeps the butterfly.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += warp_shuffle_xor(v, off);
+  return v;
+}
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += warp_shuffle_xor(v[i], off);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, warp_shuffle_xor(v, off));
+  return v;
+}
+
+// x rounded to the product inputs' precision PREC (the codes of qrgen/plan/family.PRECISION_CODE: 0 fp32, 1 tf32,
+// 2 bf16, 3 fp16), back in a float: the hardware's conversions, to nearest (tf32: ties away from zero) (MSL:
+// conversions through half and bfloat, tf32 by its bits).
 template <int PREC>
 __device__ __forceinline__ float round_input(float x) {
   if constexpr (PREC == 1) {
@@ -26,7 +90,11 @@ __device__ __forceinline__ float round_input(float x) {
   }
 }
 
+// Device helpers of the panel and T kernels, over the dialect (dialect.cuh, included before this): warp
+// reduce-scatter, Householder reflectors, vector loads and stores, rows of T. Included once per rendered source.
 
+// Reduce-scatter across a warp: NV values per lane in v[0..NV) (NV a power of two, at most 32). Afterwards
+// v[0] of lane l holds the warp-wide sum of value l >> (5 - log2 NV): 31 shuffles for 32 values instead of 160.
 template <int OFF, int NV>
 __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
   if constexpr (OFF >= 1) {
@@ -36,11 +104,11 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
       for (int i = 0; i < NV / 2; ++i) {
         const float send = upper ? v[i] : v[i + NV / 2];
         const float keep = upper ? v[i + NV / 2] : v[i];
-        v[i] = keep + __shfl_xor_sync(QR_FULL_MASK, send, OFF);
+        v[i] = keep + warp_shuffle_xor(send, OFF);
       }
       reduce_scatter<OFF / 2, NV / 2>(v, lane);
     } else {
-      v[0] += __shfl_xor_sync(QR_FULL_MASK, v[0], OFF);
+      v[0] += warp_shuffle_xor(v[0], OFF);
       reduce_scatter<OFF / 2, 1>(v, lane);
     }
   }
@@ -48,7 +116,9 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
 
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
-
+// Householder reflector from alpha (the pivot) and sigma (squared norm below the pivot), LAPACK's slarfg
+// without its rescaling loop: H = I - tau v v^T, v = [1; x / (alpha - beta)], H [alpha; x] = [beta; 0].
+// sigma == 0 gives tau = 0 (H = I), with the tail left as it is.
 struct Reflector {
   float tau, beta, scale;
 };
@@ -57,7 +127,9 @@ template <bool SELECTS = false>
 __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   Reflector r;
   if constexpr (SELECTS) {
-    
+    // No branches (one-warp lanes panels, where the column's chain is the kernel): below FLT_MIN the sum is scaled
+    // by 2^64 into the normal range for the hardware reciprocal square root and the results scaled back by 2^32;
+    // with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
     const float s = fmaf(alpha, alpha, sigma);
     const bool tiny = s < 1.17549435e-38f;
     const float sc = tiny ? s * 18446744073709551616.0f : s;
@@ -96,91 +168,6 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   return r;
 }
 
-
-__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  return remote;
-}
-
-
-__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
-}
-
-
-__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
-                                             unsigned long long* bar) {
-  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
-               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
-}
-
-
-__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(peer_address(p, rank)) : "memory");
-  return v;
-}
-
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  
-  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(bar))
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-
-__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
-               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
-}
-
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-
-__device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
-  if (t == 0) {
-    mbar_init(&bar[0], 1);
-    mbar_init(&bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  cluster_sync();
-}
-
-
-__device__ __forceinline__ void flag_arrive(unsigned* flag) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
-}
-
-__device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-  return v;
-}
-
 template <int VEC>
 __device__ __forceinline__ void load_vec(float* dst, const float* src) {
   if constexpr (VEC == 4) {
@@ -205,7 +192,9 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
-
+// One thread's run of N consecutive floats v[0..N) at q[0..N), entries from `count` on left out: 16-byte stores
+// where q is 16-byte aligned and the whole run is in range, else one float at a time. (A lanes panel's thread holds
+// N rows of one column of V, so its entries of a row of V^T or (VT)^T are consecutive in memory.)
 template <int N>
 __device__ __forceinline__ void store_run(float* q, const float (&v)[N], int count) {
   if constexpr (N % 4 == 0) {
@@ -220,7 +209,13 @@ __device__ __forceinline__ void store_run(float* q, const float (&v)[N], int cou
     if (s < count) q[s] = v[s];
 }
 
-
+// Row `row` of T for NB reflectors (LAPACK slarft, forward, columnwise): T[i][j] = -tau_j sum_{i<=k<j} T[i][k] G[k][j],
+// T[i][i] = tau_i, zero left of the diagonal; from G's strictly upper part (g[k * GLD + j]) and tau (entries from
+// `count` on read as zero), into r[0..NB). Fully unrolled, every thread reading G and tau at the same addresses
+// (broadcasts), so the loads run ahead of the FMAs and the longest dependent chain is about NB steps. r is a local
+// array (the row in registers, NB more of them) or, where registers are short (the panel kernels), the thread's
+// row in shared memory through a volatile pointer (each entry re-read after it is written, not held); G is read
+// through a volatile pointer too (hoisted far ahead of use, its loads cost registers).
 template <int NB, int GLD, typename Row>
 __device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
   const volatile float* gv = g;
@@ -238,13 +233,134 @@ __device__ __forceinline__ void t_row(int row, const float* g, const float* __re
   }
 }
 
+// Feature "mbarrier" (sm_90): barriers in this block's shared memory that count arrivals and, for transactions,
+// bytes (the cols panels' one per reflector, the cluster panels' one per parity of the column). The polling loop of
+// the wait lives inside the asm, so the compiler sees no data-dependent loop (after one, it wrapped the following
+// warp shuffles in convergence code).
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  // release at CTA scope: this lane's stores of the reflector are visible to whoever completes the wait
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// One arrival that also expects `bytes` more to complete in this phase (they may have arrived already).
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+
+// Feature "cluster" (sm_90): thread-block clusters and their distributed shared memory, each block reading and
+// writing the others' shared memory. Needs mbarrier.cuh before it (pushes complete on the receiver's mbarrier).
+
+// The address of the same shared variable as `p` in cluster block `rank`, for shared::cluster accesses.
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return remote;
+}
+
+// Pushes into another block's shared memory: st.async writes a float at the address of the same variable in block
+// `rank` and completes its bytes on that block's mbarrier (at the address of `bar` there). No fence: the receiver's
+// wait on its mbarrier makes the bytes visible (a cluster barrier's release compiles to MEMBAR.ALL.GPU and its
+// acquire to an L1 invalidation, on every column).
+__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
+}
+
+// push_peer with the address of `base` (this block's shared memory) in block `rank` given (peer_base, from
+// peer_address(base, rank) once, not two mapa a push): a variable's address there is peer_base plus its offset
+// from base here.
+__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
+                                             unsigned long long* bar) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
+               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+}
+
+// 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused
+// kernel's partial W of the other blocks).
+__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 { %0, %1, %2, %3 }, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(peer_address(p, rank)) : "memory");
+  return v;
+}
+
+// A barrier over the whole cluster (release on arrival, acquire on the wait; it compiles to MEMBAR.ALL.GPU and an
+// L1 invalidation, so the panels use it once at each end, not per column).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The cluster panels' exchange: thread 0 initializes this block's two mbarriers (one per parity of the column),
+// and no block pushes into another before every block's are initialized.
+__device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
+  if (t == 0) {
+    mbar_init(&bar[0], 1);
+    mbar_init(&bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
+}
+
+// Feature "flags": counters in global memory between the blocks that share one matrix's panel (without clusters),
+// released on arrival and acquired while polling, at GPU scope.
+__device__ __forceinline__ void flag_arrive(unsigned* flag) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
+}
+
+__device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+
+// Panel QR with the panel's columns over the lanes ("lanes"): lane c of every warp owns column c, warp w owns
+// rows [w*SLOTS, (w+1)*SLOTS) of the panel, so each thread holds SLOTS entries of one column in registers.
+// Column j: lane j's entries are broadcast to the warp (shuffles with no dependence between them), every lane
+// forms the dot of that column's tail with its own column (for lane j that is the squared norm); on one block
+// warp 0 adds the warps' partial dots through shared memory and builds the reflector and every lane's
+// coefficients once (two barriers, buffers alternating by column); on a cluster (or one warp) every lane builds
+// the same reflector from the exchanged sums. Each lane then updates its own column, one FMA a row with
+// coefficient 0 in lane j and left of it: lane j's column keeps its entries below the diagonal unscaled until
+// the loop over columns ends (the reflector's scale kept in `own`: a multiply and a select a row less in every
+// column). Lanes left of j get the Gram entries of the reflectors for free from the same dots (times their own
+// scale). The loop over columns is not unrolled (the code stays small; registers are indexed by the unrolled row
+// slots only), except on one warp and one block (UNROLL): there every row is a constant, so with the columns
+// unrolled too the masks fold away and rows above column j take no shuffle, and the reflector is built with
+// selects, not branches (make_reflector<true>). With CLUSTER the BLOCKS blocks of one thread-block cluster share
+// the rows (block g owns rows [g*WARPS*SLOTS, (g+1)*WARPS*SLOTS)): after the block's barrier warp 0 pushes the
+// block's sums (and, in the block holding row j, the pivot row) into every block's shared memory by st.async (the
+// blocks' addresses mapped once, before the loop), and every warp waits on its block's mbarrier and adds the
+// blocks' sums. With FORMQ (one panel, one block, nothing right of it: qr's reduced mode) the kernel writes R
+// (NB x NB, zero below the diagonal) where h is given and Q (M x NB) where zt is given, Q = I - V T V1^T (V1 the
+// top NB rows of V), instead of h and tau; on one warp (BACKWARD_Q) Q's columns come from the reflectors applied
+// to the identity's, last to first, each lane its own column, with no G or T. The alternatives measured and not
+// taken are in BENCHMARKS.md.
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
 struct LanesPanel {
   static constexpr int WARPS = THREADS / 32;
   static constexpr int RB = WARPS * SLOTS;  // rows per block
   // The mask-free branch below pays only where most warps lie wholly below most columns: with more rows than
-  // columns (measured at 32 rows, 32 columns, 8 rows per warp: 20 x 32² panels 16.9 us without it, 20.2 with it;
-  // at 352² with it 697 us, without 722).
+  // columns (measured: BENCHMARKS.md).
   static constexpr bool MASK_FREE = BLOCKS * RB > NB;
   static_assert(NB <= 32, "a lanes panel is at most 32 columns wide");
   static_assert(BLOCKS == 1 || CLUSTER, "the blocks of a lanes panel form a cluster");
@@ -285,9 +401,9 @@ struct LanesPanel {
 
   __device__ __forceinline__ void sync() {
     if constexpr (WARPS == 1) {
-      __syncwarp();
+      warp_barrier();
     } else {
-      __syncthreads();
+      block_barrier();
     }
   }
 
@@ -303,7 +419,7 @@ struct LanesPanel {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         if (s > j) {
-          v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+          v[s] = warp_shuffle(x[s], j);
           p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
         } else {
           v[s] = 0.0f;
@@ -311,7 +427,7 @@ struct LanesPanel {
       }
     } else {
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+      for (int s = 0; s < SLOTS; ++s) v[s] = warp_shuffle(x[s], j);
     }
     const bool below_all = MASK_FREE && row0 > j;
     if constexpr (UNROLL) {
@@ -330,11 +446,15 @@ struct LanesPanel {
     }
     float tot = (p[0] + p[1]) + (p[2] + p[3]);
     if constexpr (CLUSTER) {
-      
+      // Warp 0 of every block pushes the block's sums (and the block holding row j its pivot row) into every
+      // block's receive buffer for this column's parity (st.async, completing on that block's mbarrier); every
+      // warp waits on its block's mbarrier and adds the blocks' sums itself. Reuse is safe: a block pushes column
+      // j + 2's values only after receiving every block's column j + 1 values, which each pushed after its
+      // column j + 1 barrier, so after all its warps' reads of column j's buffer.
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
-      __syncthreads();
+      block_barrier();
       if (t == 0) mbar_arrive_expect(&sm.bar[buf], 4u * 32u * (BLOCKS + 1));
       if (warp == 0) {
         float sum = 0.0f;
@@ -358,11 +478,16 @@ struct LanesPanel {
     const bool right = lane > j && lane < NB;
     float ws, at;  // w times the reflector's scale (w = (v_j . column) tau); the entry in row j
     if constexpr (!CLUSTER && WARPS > 1) {
+      // Warp 0 adds the warps' partial dots once (every warp adding all WARPS of them takes WARPS^2 shared loads
+      // a column) and builds the reflector and every lane's coefficients, behind a second barrier; the other warps
+      // read three numbers instead of each building the same reflector (its square root, division and branches:
+      // about a third of a warp's instructions a column, and the SM's issue slots are what the block's warps
+      // share). cf[buf] is rewritten for column j + 2 only after column j + 2's first barrier, which every reader
+      // of column j's has passed.
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
-      __syncthreads();
-      
+      block_barrier();
       if (warp == 0) {
         float sum = 0.0f;
 #pragma unroll
@@ -385,13 +510,13 @@ struct LanesPanel {
         sm.cf[buf][1][lane] = me ? f.beta : (right ? p0 - w : 0.0f);
         sm.cf[buf][2][lane] = f.scale;
       }
-      __syncthreads();
+      block_barrier();
       ws = sm.cf[buf][0][lane];
       at = sm.cf[buf][1][lane];
       if (me) own = sm.cf[buf][2][lane];
     } else {
-      const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
-      const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
+      const float sigma = warp_shuffle(tot, j);
+      const float alpha = warp_shuffle(pv, j);
       const Reflector f = make_reflector<UNROLL>(alpha, sigma);
       if constexpr (GRAM) {
         // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds
@@ -483,7 +608,7 @@ struct LanesPanel {
           float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
           for (int s = j + 1; s < SLOTS; ++s) {
-            v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+            v[s] = warp_shuffle(x[s], j);
             p[s & 3] = fmaf(v[s], q[s], p[s & 3]);
           }
           const float w = taus[j] * (q[j] + ((p[0] + p[1]) + (p[2] + p[3])));
@@ -529,7 +654,7 @@ struct LanesPanel {
       for (int k = 0; k < NB; ++k) {
         const float tk = lane >= k && mine ? sm.tmat[k][lane] : 0.0f;
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(__shfl_sync(QR_FULL_MASK, x[s], k), tk, acc[s]);
+        for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(warp_shuffle(x[s], k), tk, acc[s]);
       }
       if constexpr (TRAIL) {
         if (mine) store_run<SLOTS>(zt + ((size_t)b * NB + lane) * mp + row0, acc, mp - row0);
@@ -544,7 +669,7 @@ struct LanesPanel {
         for (int k = 0; k < NB; ++k) {
           const float vck = mine ? sm.vtop[lane][k] : 0.0f;
 #pragma unroll
-          for (int s = 0; s < SLOTS; ++s) q[s] = fmaf(-__shfl_sync(QR_FULL_MASK, acc[s], k), vck, q[s]);
+          for (int s = 0; s < SLOTS; ++s) q[s] = fmaf(-warp_shuffle(acc[s], k), vck, q[s]);
         }
         float* qb = zt + (size_t)b * M * NB + lane;
 #pragma unroll
@@ -562,7 +687,7 @@ __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                             int c0, int mp, int vld, long long vbs) {
   using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ>;
-  __shared__ typename P::Shared sm;
+  QR_SHARED typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -4,13 +4,100 @@
 // overflow to inf or flush to zero on matrices far from unit scale. Scaling by 2^-e, with 2^e just above the
 // matrix's largest magnitude, is exact, leaves V and tau as they are and multiplies R by 2^-e, which the last
 // phase undoes; a matrix factored this way gives the same bits as the same matrix already at unit scale.
-//   phase 0: amax[b] = max |src[b]| as float bits (atomicMax on unsigned: non-negative floats order as their
+//   phase 0: amax[b] = max |src[b]| as float bits (atomic_max on unsigned: non-negative floats order as their
 //            bits; fmaxf passes over NaN); amax must be zero before.
 //   phase 1: h[b] = src[b] 2^-e (the input's copy into h, scaled; src may be h);
 //   phase 2: R in h (rows i < min(m, n), columns j >= i) *= 2^e.
 // A matrix whose largest magnitude is 0, inf or NaN keeps its scale (e = 0). Blocks of 256 threads,
 // grid (blocks per matrix, matrices), a grid-stride loop over each matrix's floats.
 // Target: sm_90.
+// The dialect layer, CUDA's: what kernel bodies need that each GPU backend spells its own way, behind neutral
+// names. A Metal port adds templates/metal/dialect.h with the same names over MSL's own (named beside each helper
+// below). Each helper is force-inlined and does exactly what the intrinsic it wraps does, with the same mask and
+// the same order of operations, so the machine code is the same as with the intrinsic written out. Features only
+// some targets have (clusters and distributed shared memory, mbarriers, cp.async, tensor-core mma) are not
+// dialect: each has its own header, included by the kernels that use it.
+
+#define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
+
+// Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+#define QR_SHARED __shared__
+#define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
+
+// Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory
+// writes are visible to each other after it (MSL: threadgroup_barrier, simdgroup_barrier).
+__device__ __forceinline__ void block_barrier() { __syncthreads(); }
+__device__ __forceinline__ void warp_barrier() { __syncwarp(); }
+
+// Orders this thread's global-memory writes before its later ones, as other blocks see them (MSL:
+// atomic_thread_fence at device scope).
+__device__ __forceinline__ void device_fence() { __threadfence(); }
+
+// A global-memory load past this SM's L1, so that it sees what other blocks wrote before a device fence (MSL: a
+// load through a coherent(device) pointer).
+__device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
+
+// Relaxed atomics on global memory, returning the old value (MSL: atomic_fetch_add_explicit,
+// atomic_fetch_max_explicit).
+__device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
+
+// Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
+// simd_shuffle_xor).
+__device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
+__device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
+  return __shfl_xor_sync(QR_FULL_MASK, v, mask);
+}
+
+// Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
+// of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
+// MSL's simd_sum and simd_max leave the order of the sum open; a bit-identical port keeps the butterfly.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += warp_shuffle_xor(v, off);
+  return v;
+}
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += warp_shuffle_xor(v[i], off);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, warp_shuffle_xor(v, off));
+  return v;
+}
+
+// x rounded to the product inputs' precision PREC (the codes of qrgen/plan/family.PRECISION_CODE: 0 fp32, 1 tf32,
+// 2 bf16, 3 fp16), back in a float: the hardware's conversions, to nearest (tf32: ties away from zero) (MSL:
+// conversions through half and bfloat, tf32 by its bits).
+template <int PREC>
+__device__ __forceinline__ float round_input(float x) {
+  if constexpr (PREC == 1) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+  } else if constexpr (PREC == 2) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return __uint_as_float(((unsigned)r) << 16);
+  } else if constexpr (PREC == 3) {
+    unsigned short r;
+    float y;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(y) : "h"(r));
+    return y;
+  } else {
+    return x;
+  }
+}
+
 
 __device__ __forceinline__ int qr_scale_exponent(unsigned bits)
 {
@@ -48,9 +135,8 @@ extern "C" __global__ void __launch_bounds__(256) qr_scale(
             for (long long i = blockIdx.x * 256 + threadIdx.x; i < count; i += step)
                 top = fmaxf(top, fabsf(a[i]));
         }
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, s));
-        if ((threadIdx.x & 31) == 0 && top > 0.0f) atomicMax(amax + b, __float_as_uint(top));
+        top = warp_max(top);
+        if ((threadIdx.x & 31) == 0 && top > 0.0f) atomic_max(amax + b, __float_as_uint(top));
         return;
     }
     const int e = qr_scale_exponent(amax[b]);

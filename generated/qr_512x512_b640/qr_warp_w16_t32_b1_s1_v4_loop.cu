@@ -2,9 +2,73 @@
 // Problem: 512x512 float32, row-major, batched. Target: sm_90.
 // Kernel: qr_warp_w16_t32_b1_s1_v4_loop: a warp panel 16 columns wide, 32 threads x 1 block(s)
 // per matrix, 1 row(s) per thread, loads of 4 float(s), the loop over columns not unrolled; used by panels at columns (496,).
-#define QR_FULL_MASK 0xffffffffu
 
+// The dialect layer, CUDA's: what kernel bodies need that each GPU backend spells its own way, behind neutral
+// names. A Metal port adds templates/metal/dialect.h with the same names over MSL's own (named beside each helper
+// below). Each helper is force-inlined and does exactly what the intrinsic it wraps does, with the same mask and
+// the same order of operations, so the machine code is the same as with the intrinsic written out. Features only
+// some targets have (clusters and distributed shared memory, mbarriers, cp.async, tensor-core mma) are not
+// dialect: each has its own header, included by the kernels that use it.
 
+#define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
+
+// Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+#define QR_SHARED __shared__
+#define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
+
+// Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory
+// writes are visible to each other after it (MSL: threadgroup_barrier, simdgroup_barrier).
+__device__ __forceinline__ void block_barrier() { __syncthreads(); }
+__device__ __forceinline__ void warp_barrier() { __syncwarp(); }
+
+// Orders this thread's global-memory writes before its later ones, as other blocks see them (MSL:
+// atomic_thread_fence at device scope).
+__device__ __forceinline__ void device_fence() { __threadfence(); }
+
+// A global-memory load past this SM's L1, so that it sees what other blocks wrote before a device fence (MSL: a
+// load through a coherent(device) pointer).
+__device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
+
+// Relaxed atomics on global memory, returning the old value (MSL: atomic_fetch_add_explicit,
+// atomic_fetch_max_explicit).
+__device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
+
+// Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
+// simd_shuffle_xor).
+__device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
+__device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
+  return __shfl_xor_sync(QR_FULL_MASK, v, mask);
+}
+
+// Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
+// of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
+// MSL's simd_sum and simd_max leave the order of the sum open; a bit-identical port keeps the butterfly.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += warp_shuffle_xor(v, off);
+  return v;
+}
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += warp_shuffle_xor(v[i], off);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, warp_shuffle_xor(v, off));
+  return v;
+}
+
+// x rounded to the product inputs' precision PREC (the codes of qrgen/plan/family.PRECISION_CODE: 0 fp32, 1 tf32,
+// 2 bf16, 3 fp16), back in a float: the hardware's conversions, to nearest (tf32: ties away from zero) (MSL:
+// conversions through half and bfloat, tf32 by its bits).
 template <int PREC>
 __device__ __forceinline__ float round_input(float x) {
   if constexpr (PREC == 1) {
@@ -26,7 +90,11 @@ __device__ __forceinline__ float round_input(float x) {
   }
 }
 
+// Device helpers of the panel and T kernels, over the dialect (dialect.cuh, included before this): warp
+// reduce-scatter, Householder reflectors, vector loads and stores, rows of T. Included once per rendered source.
 
+// Reduce-scatter across a warp: NV values per lane in v[0..NV) (NV a power of two, at most 32). Afterwards
+// v[0] of lane l holds the warp-wide sum of value l >> (5 - log2 NV): 31 shuffles for 32 values instead of 160.
 template <int OFF, int NV>
 __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
   if constexpr (OFF >= 1) {
@@ -36,11 +104,11 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
       for (int i = 0; i < NV / 2; ++i) {
         const float send = upper ? v[i] : v[i + NV / 2];
         const float keep = upper ? v[i + NV / 2] : v[i];
-        v[i] = keep + __shfl_xor_sync(QR_FULL_MASK, send, OFF);
+        v[i] = keep + warp_shuffle_xor(send, OFF);
       }
       reduce_scatter<OFF / 2, NV / 2>(v, lane);
     } else {
-      v[0] += __shfl_xor_sync(QR_FULL_MASK, v[0], OFF);
+      v[0] += warp_shuffle_xor(v[0], OFF);
       reduce_scatter<OFF / 2, 1>(v, lane);
     }
   }
@@ -48,7 +116,9 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
 
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
-
+// Householder reflector from alpha (the pivot) and sigma (squared norm below the pivot), LAPACK's slarfg
+// without its rescaling loop: H = I - tau v v^T, v = [1; x / (alpha - beta)], H [alpha; x] = [beta; 0].
+// sigma == 0 gives tau = 0 (H = I), with the tail left as it is.
 struct Reflector {
   float tau, beta, scale;
 };
@@ -57,7 +127,9 @@ template <bool SELECTS = false>
 __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   Reflector r;
   if constexpr (SELECTS) {
-    
+    // No branches (one-warp lanes panels, where the column's chain is the kernel): below FLT_MIN the sum is scaled
+    // by 2^64 into the normal range for the hardware reciprocal square root and the results scaled back by 2^32;
+    // with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
     const float s = fmaf(alpha, alpha, sigma);
     const bool tiny = s < 1.17549435e-38f;
     const float sc = tiny ? s * 18446744073709551616.0f : s;
@@ -96,91 +168,6 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   return r;
 }
 
-
-__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  return remote;
-}
-
-
-__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
-}
-
-
-__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
-                                             unsigned long long* bar) {
-  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
-               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
-}
-
-
-__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(peer_address(p, rank)) : "memory");
-  return v;
-}
-
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  
-  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(bar))
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-
-__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
-               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
-}
-
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-
-__device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
-  if (t == 0) {
-    mbar_init(&bar[0], 1);
-    mbar_init(&bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  cluster_sync();
-}
-
-
-__device__ __forceinline__ void flag_arrive(unsigned* flag) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
-}
-
-__device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-  return v;
-}
-
 template <int VEC>
 __device__ __forceinline__ void load_vec(float* dst, const float* src) {
   if constexpr (VEC == 4) {
@@ -205,7 +192,9 @@ __device__ __forceinline__ void store_vec(float* dst, const float* src) {
   }
 }
 
-
+// One thread's run of N consecutive floats v[0..N) at q[0..N), entries from `count` on left out: 16-byte stores
+// where q is 16-byte aligned and the whole run is in range, else one float at a time. (A lanes panel's thread holds
+// N rows of one column of V, so its entries of a row of V^T or (VT)^T are consecutive in memory.)
 template <int N>
 __device__ __forceinline__ void store_run(float* q, const float (&v)[N], int count) {
   if constexpr (N % 4 == 0) {
@@ -220,7 +209,13 @@ __device__ __forceinline__ void store_run(float* q, const float (&v)[N], int cou
     if (s < count) q[s] = v[s];
 }
 
-
+// Row `row` of T for NB reflectors (LAPACK slarft, forward, columnwise): T[i][j] = -tau_j sum_{i<=k<j} T[i][k] G[k][j],
+// T[i][i] = tau_i, zero left of the diagonal; from G's strictly upper part (g[k * GLD + j]) and tau (entries from
+// `count` on read as zero), into r[0..NB). Fully unrolled, every thread reading G and tau at the same addresses
+// (broadcasts), so the loads run ahead of the FMAs and the longest dependent chain is about NB steps. r is a local
+// array (the row in registers, NB more of them) or, where registers are short (the panel kernels), the thread's
+// row in shared memory through a volatile pointer (each entry re-read after it is written, not held); G is read
+// through a volatile pointer too (hoisted far ahead of use, its loads cost registers).
 template <int NB, int GLD, typename Row>
 __device__ __forceinline__ void t_row(int row, const float* g, const float* __restrict__ tau, int count, Row r) {
   const volatile float* gv = g;
@@ -238,6 +233,114 @@ __device__ __forceinline__ void t_row(int row, const float* g, const float* __re
   }
 }
 
+// Feature "mbarrier" (sm_90): barriers in this block's shared memory that count arrivals and, for transactions,
+// bytes (the cols panels' one per reflector, the cluster panels' one per parity of the column). The polling loop of
+// the wait lives inside the asm, so the compiler sees no data-dependent loop (after one, it wrapped the following
+// warp shuffles in convergence code).
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  // release at CTA scope: this lane's stores of the reflector are visible to whoever completes the wait
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// One arrival that also expects `bytes` more to complete in this phase (they may have arrived already).
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+
+// Feature "cluster" (sm_90): thread-block clusters and their distributed shared memory, each block reading and
+// writing the others' shared memory. Needs mbarrier.cuh before it (pushes complete on the receiver's mbarrier).
+
+// The address of the same shared variable as `p` in cluster block `rank`, for shared::cluster accesses.
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return remote;
+}
+
+// Pushes into another block's shared memory: st.async writes a float at the address of the same variable in block
+// `rank` and completes its bytes on that block's mbarrier (at the address of `bar` there). No fence: the receiver's
+// wait on its mbarrier makes the bytes visible (a cluster barrier's release compiles to MEMBAR.ALL.GPU and its
+// acquire to an L1 invalidation, on every column).
+__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
+}
+
+// push_peer with the address of `base` (this block's shared memory) in block `rank` given (peer_base, from
+// peer_address(base, rank) once, not two mapa a push): a variable's address there is peer_base plus its offset
+// from base here.
+__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
+                                             unsigned long long* bar) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
+               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+}
+
+// 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused
+// kernel's partial W of the other blocks).
+__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 { %0, %1, %2, %3 }, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(peer_address(p, rank)) : "memory");
+  return v;
+}
+
+// A barrier over the whole cluster (release on arrival, acquire on the wait; it compiles to MEMBAR.ALL.GPU and an
+// L1 invalidation, so the panels use it once at each end, not per column).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The cluster panels' exchange: thread 0 initializes this block's two mbarriers (one per parity of the column),
+// and no block pushes into another before every block's are initialized.
+__device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
+  if (t == 0) {
+    mbar_init(&bar[0], 1);
+    mbar_init(&bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
+}
+
+// Feature "flags": counters in global memory between the blocks that share one matrix's panel (without clusters),
+// released on arrival and acquired while polling, at GPU scope.
+__device__ __forceinline__ void flag_arrive(unsigned* flag) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
+}
+
+__device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+
+// Panel QR with the panel's rows spread over the threads ("warp": one warp; "rows": a block, or BLOCKS
+// blocks that exchange partial sums through global memory, or with CLUSTER the BLOCKS blocks of one thread-block
+// cluster, through each other's shared memory). Each thread keeps SLOTS rows x NB columns in registers for the
+// whole panel; one reduction per column carries the column's squared norm, its dots with the later columns and
+// the Gram entries of the previous reflector, so a column costs one barrier (one flag exchange, or one cluster
+// barrier, when BLOCKS > 1). The loop over columns is unrolled (every column its own code: the triangle of work
+// shrinks, but the code grows to about 0.8 MB of cubin), or with LOOP it is not: the registers rotate by one
+// column per step, so one column's code serves every column at about 1.6 times the arithmetic.
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
           bool CLUSTER, bool LOOP>
 struct RowsPanel {
@@ -245,13 +348,12 @@ struct RowsPanel {
   static constexpr int RB = SLOTS * THREADS;  // rows per block
   static constexpr int XCH = 64;              // floats per block and column in the exchange buffer
   // T built by t_row (unrolled) only below 512 threads: at 512 (a cap of 128 registers) these kernels have no
-  // registers to spare, and any change to T's loop moved spills in (qr_rows_w16_t512_c4_s4_v4_trail,
-  // qr_rows_w8_t512_b20_s10_v4_trail), so there the row is walked in place as before.
+  // registers to spare (an unrolled row moves spills in), so there the row is walked in place.
   static constexpr bool UNROLL_T = THREADS < 512;
   // One block of several warps: warp 0 builds each column's reflector once, beside the warps' sums, and the other
   // warps read its coefficients (ONCE) instead of each building the same reflector from the sums (its square root,
-  // division and branches, and a multiply-add per later column: measured in the lanes panels, where the block's
-  // warps share the SM's issue slots, 4-7% of a panel's time).
+  // division and branches, and a multiply-add per later column, where the block's warps share the SM's issue
+  // slots).
   static constexpr bool ONCE = WARPS > 1 && BLOCKS == 1;
   static_assert(NB <= 32 && NB <= THREADS, "a rows panel is at most 32 columns wide");
 
@@ -283,17 +385,17 @@ struct RowsPanel {
 
   __device__ __forceinline__ void sync() {
     if constexpr (WARPS == 1) {
-      __syncwarp();
+      warp_barrier();
     } else {
-      __syncthreads();
+      block_barrier();
     }
   }
 
   // ONCE: warp 0's reflector for column j from the sums (lane t's in acc: its dot of the column with the t-th
   // column after it, for 0 < t < nd; sigma, the column's squared norm below its diagonal, lane 0's sum, which every
   // lane adds up itself: a shuffle inside warp 0's branch makes the compiler wrap every shuffle of the column in
-  // convergence code, measured at 3x the panel's time) and the pivot row at sm.piv[j & 1][p0]; tau into sm.tau[j],
-  // the coefficients into sm.cf[j & 1] (zero for p >= nd).
+  // convergence code) and the pivot row at sm.piv[j & 1][p0]; tau into sm.tau[j], the coefficients into
+  // sm.cf[j & 1] (zero for p >= nd).
   __device__ __forceinline__ void reflect(const float acc, const float sigma, const int j, const int p0,
                                           const int nd) {
     const float* piv = sm.piv[j & 1];
@@ -349,10 +451,10 @@ struct RowsPanel {
     const bool leader = (lane & ((1 << SHIFT) - 1)) == 0;
     if constexpr (WARPS == 1) {
       if (leader && idx < NV) tot[idx] = v[0];
-      __syncwarp();
+      warp_barrier();
     } else {
       if (leader && idx < NV) sm.red[warp][idx] = v[0];
-      __syncthreads();
+      block_barrier();
       if constexpr (ONCE) {
         if (warp == 0) {
           float acc = 0.0f;
@@ -368,7 +470,7 @@ struct RowsPanel {
             reflect(acc, sigma, j, p0, nd);
           }
         }
-        __syncthreads();
+        block_barrier();
       } else if constexpr (!CLUSTERED) {
         if (t < NV) {
           float acc = 0.0f;
@@ -376,11 +478,15 @@ struct RowsPanel {
           for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
           tot[t] = acc;
         }
-        __syncthreads();
+        block_barrier();
       }
     }
     if constexpr (CLUSTERED) {
-      
+      // Every block pushes its sums (block 0 also the pivot row) into every block's receive buffer for this
+      // column's parity (st.async), completing the bytes on the receiver's mbarrier of that parity; one thread per
+      // block arms it for the bytes of all blocks, the first warp waits and adds them up. Reuse is safe: a block
+      // pushes column j + 2's values only after it has received every block's column j + 1 values, which each
+      // sent after its reads of column j's buffer.
       const int par = j & 1;
       if (t == 0) mbar_arrive_expect(&sm.bar[par], 4u * (BLOCKS * NV + ND));
       if (t < NV) {
@@ -409,30 +515,32 @@ struct RowsPanel {
         }
         if (t < ND) piv[p0 + t] = sm.xr[par][BLOCKS][t];
       }
-      __syncthreads();
+      block_barrier();
     } else if constexpr (BLOCKS > 1) {
-      
+      // Every block of the matrix publishes its partial sums (block 0 also the pivot row), arrives on the
+      // matrix's flag and waits for the others; buffers alternate by column, since a block can only reach
+      // column j + 2 after every block has left column j.
       float* slot = xch + ((size_t)(b * 2 + (j & 1)) * BLOCKS) * XCH;
       if (t < NV) slot[g * XCH + t] = tot[t];
       if (g == 0 && t < ND) slot[32 + t] = piv[p0 + t];
-      __threadfence();
-      __syncthreads();
+      device_fence();
+      block_barrier();
       if (t == 0) {
         flag_arrive(flags + b);
         const unsigned target = epoch + (unsigned)(j + 1) * BLOCKS;
         while (flag_load(flags + b) < target) {
         }
-        __threadfence();
+        device_fence();
       }
-      __syncthreads();
+      block_barrier();
       if (t < NV) {
         float acc = 0.0f;
 #pragma unroll
-        for (int q = 0; q < BLOCKS; ++q) acc += __ldcg(slot + q * XCH + t);
+        for (int q = 0; q < BLOCKS; ++q) acc += load_coherent(slot + q * XCH + t);
         tot[t] = acc;
       }
-      if (t < ND) piv[p0 + t] = __ldcg(slot + 32 + t);
-      __syncthreads();
+      if (t < ND) piv[p0 + t] = load_coherent(slot + 32 + t);
+      block_barrier();
     }
   }
 
@@ -653,7 +761,7 @@ __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float*
                                            unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld,
                                            long long vbs) {
   using P = RowsPanel<M, N, K, SLOTS, NB, THREADS, BLOCKS, VEC, GRAM, TRAIL, CLUSTER, LOOP>;
-  __shared__ typename P::Shared sm;
+  QR_SHARED typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -1,6 +1,6 @@
 """Product family "rowsplit" (Schedule.panel_update "rowsplit"): a panel's own two products W = Z^T C and
 C -= V W as generated fp32 kernels that also split the rows over blocks, for small batches whose cuBLAS GEMMs would
-leave most SMs idle (templates/cuda/split.cu.j2): blocks of THREADS, TILE rows per shared-memory step (project) or
+leave most SMs idle (templates/cuda/rowsplit.cu.j2): blocks of THREADS, TILE rows per shared-memory step (project) or
 per block (update), 32 columns per block."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ UPDATE_SIGNATURE = "PILPILPILII"
 
 
 def name(kind: str, width: int) -> str:
-    return f"qr_{kind}_w{width}"
+    return f"qr_rowsplit_{kind}_w{width}"
 
 
 def kernel(kind: str, width: int) -> KernelSpec:
@@ -45,5 +45,5 @@ def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
 
 
 def render(spec: KernelSpec, schedule, target) -> Rendered:
-    template = environment().get_template(f"{target.record.template_dir}/split.cu.j2")
+    template = environment().get_template(f"{target.record.template_dir}/rowsplit.cu.j2")
     return Rendered(spec.name, template.render(version=__version__, arch=target.arch, k=spec, tile=TILE))

@@ -1,5 +1,5 @@
 """Family "tf32x3": fp32-class products from three tf32 tensor-core products over each input's tf32 high part and
-remainder (templates/cuda/gemm3.cu.j2, cp.async-pipelined), for the trailing update's products where a schedule's
+remainder (templates/cuda/tf32x3.cu.j2, cp.async-pipelined), for the trailing update's products where a schedule's
 precision says "tf32x3", the aggregates' merges, and Q's products. The kernels are the same for every schedule:
 
   project    W = Z^T C, A = Z^T with K contiguous
@@ -8,7 +8,7 @@ precision says "tf32x3", the aggregates' merges, and Q's products. The kernels a
   gram       an aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that
              reach G's upper part
 
-Every kernel can split K into parts written apart (run/buffers.gram_splits: G of few matrices)."""
+Every kernel can split K into parts written apart (run/buffers.gram_parts: G of few matrices)."""
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +49,7 @@ def shared_bytes(config: dict) -> int:
 
 
 def name(kind: str) -> str:
-    return f"qr_gemm3_{kind}"
+    return f"qr_tf32x3_{kind}"
 
 
 def kernel(kind: str) -> KernelSpec:
@@ -77,7 +77,7 @@ def kinds(schedule) -> tuple[str, ...]:
     product is at least MIN in every dimension (an aggregate with columns right of it, or a panel that wide); an
     update in tf32x3 also takes the aggregates' merges ((VT)^T by the update kernel, and G by the gram kernel where
     their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel also serves
-    an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_splits), whatever the update."""
+    an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_parts), whatever the update."""
     p, aggs = schedule.precision, aggregates(schedule)
     # the projections' rows: each aggregate's width where columns lie right of it, each panel's that the kernels take
     widths = {a.a1 - a.a0 for a in aggs if a.nc > 0} | {w.width for w in schedule.panels if w.width >= MIN}
@@ -109,6 +109,6 @@ def without_idle(schedule):
 
 
 def render(spec: KernelSpec, schedule, target) -> Rendered:
-    template = environment().get_template(f"{target.record.template_dir}/gemm3.cu.j2")
+    template = environment().get_template(f"{target.record.template_dir}/tf32x3.cu.j2")
     return Rendered(spec.name, template.render(version=__version__, arch=target.arch, name=spec.name,
                                                **CONFIGS[spec.kind]))

@@ -3,7 +3,7 @@
 reflectors      V^T of a panel, or of an aggregate (its panels write into it)
 panel_wy        (V T)^T of a panel
 w               W of a trailing update (w_side: the side stream's, with lookahead)
-gram            G = V^T V of an aggregate (and its parts, gram_splits); tmat: its T
+gram            G = V^T V of an aggregate (and its parts, gram_parts); tmat: its T
 aggregate_wy    (V T)^T of an aggregate
 q_w             W of Q's products (keep plans)
 tsqr_tree       a tsqr panel's tree (plan/tsqr.tsqr_layout)
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from ..plan import tf32x3
 from ..plan.tsqr import tsqr_layout
 
-GRAM_SPLITS_MAX = 8  # parts of an aggregate's G at most (gram_splits)
-GRAM_SPLIT_ROWS = 256  # rows of V a part at least
+GRAM_PARTS_MAX = 8  # parts of an aggregate's G at most (gram_parts)
+GRAM_PART_ROWS = 256  # rows of V a part at least
 # a rotating buffer's size is its first one's
 SIZE_OF = {"reflectors_2": "reflectors", "reflectors_3": "reflectors", "aggregate_wy_2": "aggregate_wy",
            "aggregate_wy_3": "aggregate_wy", "w_side": "w", "tmat": "gram"}
@@ -72,13 +72,13 @@ def buffer_names(fac) -> tuple[str, ...]:
             + (("q_w",) if fac.keep else ()) + (("tsqr_tree",) if any(L.levels for L in fac.launches) else ()))
 
 
-def gram_splits(fac, chunk: int, sms: int) -> int:
+def gram_parts(fac, chunk: int, sms: int) -> int:
     """Parts to split the K (rows of V) of an aggregate's G = V^T V into, for `chunk` matrices: where the tf32x3
     gram kernel can take G (an fp32 Gram precision) and the matrices' upper 64 x 64 tiles fill fewer than two blocks
-    per SM, enough parts for about that many, at most GRAM_SPLITS_MAX; else 1 (docs/decisions.md#gram-splits). The
+    per SM, enough parts for about that many, at most GRAM_PARTS_MAX; else 1 (docs/decisions.md#gram-splits). The
     parts are written apart and the T kernel adds them as it stages G."""
     if "gram" not in tf32x3.kinds(fac.schedule):
         return 1
     a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
     tiles = sum(1 for i in range(-(-a // 64)) for j in range(-(-a // 64)) if i <= j)
-    return max(1, min(GRAM_SPLITS_MAX, 2 * sms // (chunk * tiles)))
+    return max(1, min(GRAM_PARTS_MAX, 2 * sms // (chunk * tiles)))

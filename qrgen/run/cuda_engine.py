@@ -7,7 +7,7 @@ import contextlib
 from ..plan import fused, rowsplit, scale, tf32x3, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from . import cublas
-from .buffers import GRAM_SPLIT_ROWS
+from .buffers import GRAM_PART_ROWS
 from .engine import SkipStages
 from .launch import PackedArgs, launch_panel
 from .sequence import drive, drive_q
@@ -32,7 +32,7 @@ class CudaEngine:
         self.src_ptr = None if src is None else src.data.ptr
         self.strides = ws.strides
         self.ptrs = {**ws.ptrs, "h": self.h_ptr}
-        self.gram_parts = 1  # the parts the last G came in (gram_splits), for the T kernel that reads it
+        self.gram_parts = 1  # the parts the last G came in (gram_parts), for the T kernel that reads it
 
     def _mark(self, stage, launch):
         if self.stages is None:
@@ -166,7 +166,7 @@ class CudaEngine:
         side = side and self.streams is not None
         if stage == "gram":
             self.gram_parts = 1
-            parts = min(self.ws.gram_splits, max(1, depth // GRAM_SPLIT_ROWS))
+            parts = min(self.ws.gram_parts, max(1, depth // GRAM_PART_ROWS))
             if precision in ("fp32", "tf32x3") and parts > 1 and self.tf32x3_gemm(
                     trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
                     parts):
@@ -190,7 +190,7 @@ class CudaEngine:
         """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
         A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
         dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise.
-        parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_splits, with beta 0)."""
+        parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_parts, with beta 0)."""
         kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
         if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,

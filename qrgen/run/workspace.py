@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from ..plan import rowsplit
-from .buffers import Sizes, buffer_names, gram_splits
+from .buffers import Sizes, buffer_names, gram_parts
 from .launch import PackedArgs
 
 MAX_GRID_Y = 65535  # CUDA's limit on grid.y (and z), where tsqr and fused launches put the matrices
@@ -31,10 +31,10 @@ class Workspace:
                         for name in buffer_names(fac)}
         self.buffers["tmat"] = cupy.empty((self.chunk, self.sizes.gram), dtype=cupy.float32)
         self.sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
-        # G in parts (gram_splits): part q of the chunk's matrices q * chunk * sizes.gram floats into "gram"
-        self.gram_splits = gram_splits(fac, self.chunk, self.sms) if "gram" in self.buffers else 1
-        if self.gram_splits > 1:
-            self.buffers["gram"] = cupy.empty((self.gram_splits * self.chunk, self.sizes.gram), dtype=cupy.float32)
+        # G in parts (gram_parts): part q of the chunk's matrices q * chunk * sizes.gram floats into "gram"
+        self.gram_parts = gram_parts(fac, self.chunk, self.sms) if "gram" in self.buffers else 1
+        if self.gram_parts > 1:
+            self.buffers["gram"] = cupy.empty((self.gram_parts * self.chunk, self.sizes.gram), dtype=cupy.float32)
         # The rowsplit panel products: partial sums per row block, and a counter per matrix and column tile that the
         # last block of each launch resets (zero between launches).
         split = [L for L in fac.launches if L.nc > 0] if fac.schedule.panel_update == "rowsplit" else []

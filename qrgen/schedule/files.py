@@ -56,7 +56,7 @@ def save(schedule: Schedule, problem: Problem, target: Target, provenance: dict 
 
 def upgrade(data: dict) -> dict:
     """A document in the current format (format 1: the tuner's fields beside the others in provenance, the prose
-    "amended" and "replaced"; panel_update "split" for "rowsplit")."""
+    "amended" and "replaced"; panel_update "split" for "rowsplit", the tuner's "split" for "head_share")."""
     data = dict(data)
     version = data.get("format", 1)
     if version not in (1, FORMAT):
@@ -72,6 +72,11 @@ def upgrade(data: dict) -> dict:
             if old.get("replaced"):
                 entry["replaced"] = old["replaced"]
             prov["amendments"] = [entry]
+        if tuner.get("params"):  # the tuner's names of format 1
+            params = {("head_share" if k == "split" else k): v for k, v in tuner["params"].items()}
+            if params.get("panel_update") == "split":
+                params["panel_update"] = "rowsplit"
+            tuner["params"] = params
         if tuner:
             tuner["stale"] = bool(prov.get("amendments"))
             prov["tuner"] = tuner

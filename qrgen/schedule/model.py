@@ -78,7 +78,7 @@ class Precision:
     gram: V^T V inside the panel kernel (and an aggregate's G); project: W = (V T)^T C; update: C -= V W. project
     and update may also be "tf32x3" (PRODUCT_PRECISIONS); an update in tf32x3 also runs the aggregates' merge
     products in it ((VT)^T, and G where gram is fp32). An fp32 G of few matrices runs in tf32x3 too, its rows of V
-    split over more blocks (run/buffers.gram_splits).
+    split over more blocks (run/buffers.gram_parts).
     """
 
     gram: str = "fp32"

@@ -89,7 +89,7 @@ def _gemm_us(rows: int, cols: int, depth: int, batch: int, precision: str, passe
     return max(flops / RATE[precision], passes * 4.0 * touched * batch / (bandwidth * fill)) * 1e6 + GEMM_FIXED_US
 
 
-def _split_us(rows: int, cols: int, width: int, batch: int, passes: int) -> float:
+def _rowsplit_us(rows: int, cols: int, width: int, batch: int, passes: int) -> float:
     """A split kernel over C (rows x cols per matrix) with panels of `width` columns, C read `passes` times."""
     rate = SPLIT_RATE[batch * math.ceil(cols / 32) < SMS]
     return max(2.0 * rows * cols * width * batch / rate,
@@ -148,7 +148,7 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
                 per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN
             panel_us += L.width * per_column * waves
         if L.nc > 0 and schedule.panel_update == "rowsplit":
-            gemm_us += _split_us(L.rows, L.nc, L.width, batch, 1) + _split_us(L.rows, L.nc, L.width, batch, 2)
+            gemm_us += _rowsplit_us(L.rows, L.nc, L.width, batch, 1) + _rowsplit_us(L.rows, L.nc, L.width, batch, 2)
             n_launches += 2
         elif L.nc > 0 and schedule.panel_update == "fused":
             gemm_us += fused_us(L.rows, L.nc, L.width, batch)

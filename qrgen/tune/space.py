@@ -71,7 +71,7 @@ COLS_SLICES = (2, 4, 8)
 LOOPS = (False, True)  # Panel.loop of the warp and rows panels
 
 
-SPLITS = (0.25, 0.5, 0.75, 1.0)
+HEAD_SHARES = (0.25, 0.5, 0.75, 1.0)
 
 
 AGGREGATES = (0, 64, 128, 256)
@@ -118,7 +118,7 @@ TSQR_WARM = {"tsqr_head": TSQR_PANEL["width"], "tsqr_threads": TSQR_PANEL["threa
 TSQR_WARM_ROWS = 4096  # matrices of at least this many rows and at most CLUSTER_TRIALS_MAX_BATCH of them
 
 
-DEFAULT_PARAMS = {"family": "rows", "split": 1.0, "rows_head": "auto", "cluster": 0, "aggregate": 0,
+DEFAULT_PARAMS = {"family": "rows", "head_share": 1.0, "rows_head": "auto", "cluster": 0, "aggregate": 0,
                   "gram": "fp32", "project": "fp32", "update": "fp32", "panel_update": "cublas", "loop": False}
 
 
@@ -160,7 +160,7 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
                                                          slice=params["whole_slice"], loop=params.get("loop", False)),))
         check(schedule, target)
         return schedule
-    head_cols = k if params["split"] >= 1.0 else max(1, round(k * params["split"]))
+    head_cols = k if params["head_share"] >= 1.0 else max(1, round(k * params["head_share"]))
     family = params["family"]
     aggregate = params.get("aggregate", 0)
     panels: list[Panel] = []
@@ -208,8 +208,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         return _whole_params(trial.suggest_categorical("whole_threads", WHOLE_THREADS),
                              trial.suggest_categorical("whole_slice", WHOLE_SLICES),
                              trial.suggest_categorical("loop", LOOPS))
-    params = {"family": family, "split": trial.suggest_categorical("split", SPLITS)}
-    phases = ("head",) if params["split"] >= 1.0 else ("head", "tail")
+    params = {"family": family, "head_share": trial.suggest_categorical("head_share", HEAD_SHARES)}
+    phases = ("head",) if params["head_share"] >= 1.0 else ("head", "tail")
     for phase in phases:
         if params["family"] == "rows":
             params[f"rows_{phase}"] = trial.suggest_categorical(f"rows_{phase}", ROWS_WIDTHS)
@@ -273,7 +273,7 @@ def variations(problem: Problem) -> list[dict]:
         found += [{**rows, "cluster": c, "cluster_slots": CLUSTER_SLOTS} for c in (8, 4) if c != params.get("cluster")]
         found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
                   if slots != CLUSTER_SLOTS]
-        lanes = {key: rows[key] for key in ("split", *shared)}
+        lanes = {key: rows[key] for key in ("head_share", *shared)}
         wide = ((16, MAX_CLUSTER),) if problem.batch <= WIDE_CLUSTER_MAX_BATCH else ()
         found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": blocks,
                    "loop": False} for slots, blocks in ((16, 8), (32, 8)) + wide]

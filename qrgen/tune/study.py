@@ -24,7 +24,7 @@ from .space import (
     LOOPS,
     REACHES,
     ROWS_WIDTHS,
-    SPLITS,
+    HEAD_SHARES,
     TSQR_THREADS,
     TSQR_TILES,
     TSQR_WIDTHS,
@@ -76,7 +76,7 @@ def space_digest() -> str:
     trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, TSQR_WIDTHS, TSQR_THREADS, TSQR_TILES, CLUSTER_SLOTS_CHOICES, CLUSTERS,
              LANES_SLOTS, COLS_WIDTHS, COLS_SLICES, LOOPS, WHOLE_THREADS, WHOLE_SLICES,
-             SPLITS, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES,
+             HEAD_SHARES, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES,
              CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 

@@ -87,7 +87,7 @@ def test_aggregated_schedule_plan():
     kernels, launches = p.kernels, p.launches
     tmat_spec = next(k for k in kernels if k.name == tmat.NAME)
     assert tmat_spec.threads == tmat.THREADS == 1024
-    assert kernels[-1].name == "qr_gemm3_gram"  # an fp32 G of few matrices in parts (run/buffers.gram_splits)
+    assert kernels[-1].name == "qr_gemm3_gram"  # an fp32 G of few matrices in parts (run/buffers.gram_parts)
     assert [L.nc for L in launches[:4]] == [96, 64, 32, 0] and all(L.trail for L in launches[:4])
     assert [L.v_row for L in launches[:4]] == [0, 32, 64, 96] and {L.v_ld for L in launches[:4]} == {256}
 
@@ -98,7 +98,7 @@ TF32X3_PANELS = tuple(Panel(32, "rows", 64) for _ in range(8))
 def test_tf32x3_products_plan_and_render():
     """A schedule whose products are tf32x3 brings the tf32x3 kernels (only the stages that ask); an fp32 Gram
     matrix of aggregates brings the gram kernel whatever the products (G in tf32x3 where an update in tf32x3 takes
-    the merge, or in parts for few matrices: run/buffers.gram_splits). (Their compilation: tests/compile.)"""
+    the merge, or in parts for few matrices: run/buffers.gram_parts). (Their compilation: tests/compile.)"""
     names = {}
     for project, update in (("fp32", "fp32"), ("tf32x3", "fp32"), ("tf32x3", "tf32x3")):
         schedule = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", project, update), aggregate=128)

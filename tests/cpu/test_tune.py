@@ -56,7 +56,7 @@ def test_whole_family_is_sampled_and_rejected_where_it_does_not_fit():
 
 def test_two_phases_and_cols_family():
     problem = Problem(200, 200, 2)
-    s = schedule_from_params(problem, {**DEFAULT_PARAMS, "split": 0.5, "rows_head": 32, "rows_tail": 16})
+    s = schedule_from_params(problem, {**DEFAULT_PARAMS, "head_share": 0.5, "rows_head": 32, "rows_tail": 16})
     assert [p.width for p in s.panels] == [32, 32, 32, 32, 16, 16, 16, 16, 8]
     c = schedule_from_params(problem, {**DEFAULT_PARAMS, "family": "cols", "cols_head": 64, "slice": 4})
     assert {p.variant for p in c.panels} == {"cols"} and c.panels[0].threads == 512

@@ -1,10 +1,10 @@
-{#- The whole factorization of a matrix on one block ("whole"): the matrix lives in shared memory from the first
-    load to the last store, so nothing between its panels goes through global memory or waits for a launch. Panels
-    of NB columns (the last one narrower where NB does not divide K) factor as a rows panel on the block
-    (RowsPanel: rows in registers, one reduction per column, T by its Gram entries), then update the columns right
-    of them in fp32 FMAs from shared memory: W = V^T C with a thread per column (and part of the rows where the
-    columns are fewer than the threads), W' = T^T W, C -= V W' with a thread per column and part of the rows. The
-    loop over panels is unrolled: every panel's rows, columns and thread counts are constants. -#}
+// The whole factorization of a matrix on one block ("whole"): the matrix lives in shared memory from the first
+// load to the last store, so nothing between its panels goes through global memory or waits for a launch. Panels
+// of NB columns (the last one narrower where NB does not divide K) factor as a rows panel on the block
+// (RowsPanel: rows in registers, one reduction per column, T by its Gram entries), then update the columns right
+// of them in fp32 FMAs from shared memory: W = V^T C with a thread per column (and part of the rows where the
+// columns are fewer than the threads), W' = T^T W, C -= V W' with a thread per column and part of the rows. The
+// loop over panels is unrolled: every panel's rows, columns and thread counts are constants.
 template <int M, int N, int K, int NB, int THREADS, int VEC, int GRAM, bool LOOP>
 struct Whole {
   // Floats between rows of the matrix: odd, so that threads reading down a column (a panel's rows) hit distinct
@@ -64,7 +64,7 @@ struct Whole {
     }
     if (t < W) tau[(size_t)b * K + C0 + t] = sm.tau[t];
     if constexpr (NC > 0) {
-      __syncthreads();  // V complete
+      block_barrier();  // V complete
       update<C0, W>(&sm.tmat[0][0]);
     }
   }
@@ -99,7 +99,7 @@ struct Whole {
       }
     }
     if constexpr (RS > 1) {
-      __syncthreads();  // every part's sums are in
+      block_barrier();  // every part's sums are in
       for (int c = t; c < NC; c += THREADS) {
         float acc[W];
 #pragma unroll
@@ -112,7 +112,7 @@ struct Whole {
         tw<W>(tm, acc, c);
       }
     }
-    __syncthreads();  // W' complete
+    block_barrier();  // W' complete
     // C -= V W': US parts of the rows per column, each thread a column's part with W' in registers.
     constexpr int US = NC >= THREADS ? 1 : THREADS / NC;
     constexpr int UP = cdiv(MP, US);
@@ -133,7 +133,7 @@ struct Whole {
         *cp = cv;
       }
     }
-    __syncthreads();  // C updated: the next panel reads it, the next update rewrites V and W'
+    block_barrier();  // C updated: the next panel reads it, the next update rewrites V and W'
   }
 
   // W'[k][c] = sum_{j <= k} T[j][k] W[j][c] into w2 (H_0 ... H_{W-1} = I - V T V^T, applied transposed). The loop
@@ -168,9 +168,9 @@ struct Whole {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) a[r * LDA + c + i] = x[i];
     }
-    __syncthreads();
+    block_barrier();
     panels<0>(tau);
-    __syncthreads();  // the last panel's columns are in
+    block_barrier();  // the last panel's columns are in
     for (int e = t * VEC; e < M * N; e += THREADS * VEC) {
       const int r = e / N, c = e - r * N;
       float x[VEC];
@@ -184,8 +184,8 @@ struct Whole {
 template <int M, int N, int K, int NB, int THREADS, int VEC, int GRAM, bool LOOP>
 __device__ __forceinline__ void whole(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau) {
   using Q = Whole<M, N, K, NB, THREADS, VEC, GRAM, LOOP>;
-  extern __shared__ __align__(16) float dyn[];
-  __shared__ __align__(16) unsigned char ps[sizeof(typename Q::Big::Shared)];
+  QR_DYNAMIC_SHARED(dyn);
+  QR_SHARED alignas(16) unsigned char ps[sizeof(typename Q::Big::Shared)];
   Q q{dyn, dyn + Q::OV, dyn + Q::OW, dyn + Q::O2, ps, (int)threadIdx.x, (int)blockIdx.x};
   q.run(src, h, tau);
 }

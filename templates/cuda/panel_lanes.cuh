@@ -1,39 +1,31 @@
-{#- Panel QR with the panel's columns over the lanes ("lanes"): lane c of every warp owns column c, warp w owns
-    rows [w*SLOTS, (w+1)*SLOTS) of the panel, so each thread holds SLOTS entries of one column in registers.
-    Column j: lane j's entries are broadcast to the warp (shuffles with no dependence between them), every lane
-    forms the dot of that column's tail with its own column (for lane j that is the squared norm); on one block
-    warp 0 adds the warps' partial dots through shared memory and builds the reflector and every lane's
-    coefficients once (two barriers, buffers alternating by column); on a cluster (or one warp) every lane builds
-    the same reflector from the exchanged sums. Each lane then updates its own column, one FMA a row with
-    coefficient 0 in lane j and left of it: lane j's column keeps its entries below the diagonal unscaled until
-    the loop over columns ends (the reflector's scale kept in `own`; a multiply and a select a row less in every
-    column: measured on the H200, 8 x 2048 on 8-block clusters 2,031 -> 1,787 cycles a column, 2 x 4096 on
-    16 blocks 2,248 -> 1,966, bit-identical h and tau). Lanes left of j get the Gram entries of the reflectors for
-    free from the same dots (times their own scale). (Measured and not taken there: shuffling column j + 1 while
-    column j's sums are exchanged, then bringing it up to date with lane j + 1's coefficients: the shuffles
-    crowded the exchange's shared-memory instructions, +5% a column; every warp pushing to some of the blocks
-    instead of warp 0 to all, +7% at 8 blocks and +25% at 16; the sums added pairwise, no change.) The loop over
-    columns is not unrolled (the code stays small; registers are indexed by the unrolled row slots only), except on one warp and one block (UNROLL): there every row is a
-    constant, so with the columns unrolled too the masks fold away and rows above column j take no shuffle (a
-    runtime column in groups of 8 columns, for a fifth of the code, issued 1.5x the instructions and lost: 20 x 32²
-    graph 11.3 -> 16.9 µs, H200), and the reflector is built with selects, not branches (make_reflector<true>).
-    (Every lane forming column j's squared norm from the broadcast itself, instead of a shuffle of lane j's, cost
-    11% more kernel time: 528 more FMAs against one shuffle on the chain.) With CLUSTER the BLOCKS blocks of one
-    thread-block cluster share the rows (block g owns rows [g*WARPS*SLOTS, (g+1)*WARPS*SLOTS)): after the block's
-    barrier warp 0 pushes the block's sums (and, in the block holding row j, the pivot row) into every block's
-    shared memory by st.async (the blocks' addresses mapped once, before the loop), and every warp waits on its
-    block's mbarrier and adds the blocks' sums. With FORMQ (one panel, one block, nothing
-    right of it: qr's reduced mode) the kernel writes R (NB x NB, zero below the diagonal) where h is given and Q
-    (M x NB) where zt is given, Q = I - V T V1^T (V1 the top NB rows of V), instead of h and tau; on one warp
-    (BACKWARD_Q) Q's columns come from the reflectors applied to the identity's, last to first, each lane its own
-    column, with no G or T. -#}
+// Panel QR with the panel's columns over the lanes ("lanes"): lane c of every warp owns column c, warp w owns
+// rows [w*SLOTS, (w+1)*SLOTS) of the panel, so each thread holds SLOTS entries of one column in registers.
+// Column j: lane j's entries are broadcast to the warp (shuffles with no dependence between them), every lane
+// forms the dot of that column's tail with its own column (for lane j that is the squared norm); on one block
+// warp 0 adds the warps' partial dots through shared memory and builds the reflector and every lane's
+// coefficients once (two barriers, buffers alternating by column); on a cluster (or one warp) every lane builds
+// the same reflector from the exchanged sums. Each lane then updates its own column, one FMA a row with
+// coefficient 0 in lane j and left of it: lane j's column keeps its entries below the diagonal unscaled until
+// the loop over columns ends (the reflector's scale kept in `own`: a multiply and a select a row less in every
+// column). Lanes left of j get the Gram entries of the reflectors for free from the same dots (times their own
+// scale). The loop over columns is not unrolled (the code stays small; registers are indexed by the unrolled row
+// slots only), except on one warp and one block (UNROLL): there every row is a constant, so with the columns
+// unrolled too the masks fold away and rows above column j take no shuffle, and the reflector is built with
+// selects, not branches (make_reflector<true>). With CLUSTER the BLOCKS blocks of one thread-block cluster share
+// the rows (block g owns rows [g*WARPS*SLOTS, (g+1)*WARPS*SLOTS)): after the block's barrier warp 0 pushes the
+// block's sums (and, in the block holding row j, the pivot row) into every block's shared memory by st.async (the
+// blocks' addresses mapped once, before the loop), and every warp waits on its block's mbarrier and adds the
+// blocks' sums. With FORMQ (one panel, one block, nothing right of it: qr's reduced mode) the kernel writes R
+// (NB x NB, zero below the diagonal) where h is given and Q (M x NB) where zt is given, Q = I - V T V1^T (V1 the
+// top NB rows of V), instead of h and tau; on one warp (BACKWARD_Q) Q's columns come from the reflectors applied
+// to the identity's, last to first, each lane its own column, with no G or T. The alternatives measured and not
+// taken are in BENCHMARKS.md.
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
 struct LanesPanel {
   static constexpr int WARPS = THREADS / 32;
   static constexpr int RB = WARPS * SLOTS;  // rows per block
   // The mask-free branch below pays only where most warps lie wholly below most columns: with more rows than
-  // columns (measured at 32 rows, 32 columns, 8 rows per warp: 20 x 32² panels 16.9 us without it, 20.2 with it;
-  // at 352² with it 697 us, without 722).
+  // columns (measured: BENCHMARKS.md).
   static constexpr bool MASK_FREE = BLOCKS * RB > NB;
   static_assert(NB <= 32, "a lanes panel is at most 32 columns wide");
   static_assert(BLOCKS == 1 || CLUSTER, "the blocks of a lanes panel form a cluster");
@@ -74,9 +66,9 @@ struct LanesPanel {
 
   __device__ __forceinline__ void sync() {
     if constexpr (WARPS == 1) {
-      __syncwarp();
+      warp_barrier();
     } else {
-      __syncthreads();
+      block_barrier();
     }
   }
 
@@ -92,7 +84,7 @@ struct LanesPanel {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         if (s > j) {
-          v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+          v[s] = warp_shuffle(x[s], j);
           p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
         } else {
           v[s] = 0.0f;
@@ -100,7 +92,7 @@ struct LanesPanel {
       }
     } else {
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+      for (int s = 0; s < SLOTS; ++s) v[s] = warp_shuffle(x[s], j);
     }
     const bool below_all = MASK_FREE && row0 > j;
     if constexpr (UNROLL) {
@@ -119,15 +111,15 @@ struct LanesPanel {
     }
     float tot = (p[0] + p[1]) + (p[2] + p[3]);
     if constexpr (CLUSTER) {
-      {# Warp 0 of every block pushes the block's sums (and the block holding row j its pivot row) into every
-         block's receive buffer for this column's parity (st.async, completing on that block's mbarrier); every
-         warp waits on its block's mbarrier and adds the blocks' sums itself. Reuse is safe: a block pushes column
-         j + 2's values only after receiving every block's column j + 1 values, which each pushed after its
-         column j + 1 barrier, so after all its warps' reads of column j's buffer. #}
+      // Warp 0 of every block pushes the block's sums (and the block holding row j its pivot row) into every
+      // block's receive buffer for this column's parity (st.async, completing on that block's mbarrier); every
+      // warp waits on its block's mbarrier and adds the blocks' sums itself. Reuse is safe: a block pushes column
+      // j + 2's values only after receiving every block's column j + 1 values, which each pushed after its
+      // column j + 1 barrier, so after all its warps' reads of column j's buffer.
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
-      __syncthreads();
+      block_barrier();
       if (t == 0) mbar_arrive_expect(&sm.bar[buf], 4u * 32u * (BLOCKS + 1));
       if (warp == 0) {
         float sum = 0.0f;
@@ -151,17 +143,16 @@ struct LanesPanel {
     const bool right = lane > j && lane < NB;
     float ws, at;  // w times the reflector's scale (w = (v_j . column) tau); the entry in row j
     if constexpr (!CLUSTER && WARPS > 1) {
+      // Warp 0 adds the warps' partial dots once (every warp adding all WARPS of them takes WARPS^2 shared loads
+      // a column) and builds the reflector and every lane's coefficients, behind a second barrier; the other warps
+      // read three numbers instead of each building the same reflector (its square root, division and branches:
+      // about a third of a warp's instructions a column, and the SM's issue slots are what the block's warps
+      // share). cf[buf] is rewritten for column j + 2 only after column j + 2's first barrier, which every reader
+      // of column j's has passed.
       const int buf = j & 1;
       sm.red[buf][warp][lane] = tot;
       if (j >= row0 && j < row0 + SLOTS) sm.piv[buf][lane] = pv;
-      __syncthreads();
-      {# Warp 0 adds the warps' partial dots once (every warp adding all WARPS of them took WARPS^2 shared loads
-         a column: measured on the H200 at 32 warps, a panel of 256 x 32, 48 -> 33 us) and builds the reflector
-         and every lane's coefficients, behind a second barrier; the other warps read three numbers instead of
-         each building the same reflector (its square root, division and branches: about a third of a warp's
-         instructions a column, and the SM's issue slots are what the block's 10 to 32 warps share). cf[buf] is
-         rewritten for column j + 2 only after column j + 2's first barrier, which every reader of column j's has
-         passed. #}
+      block_barrier();
       if (warp == 0) {
         float sum = 0.0f;
 #pragma unroll
@@ -184,13 +175,13 @@ struct LanesPanel {
         sm.cf[buf][1][lane] = me ? f.beta : (right ? p0 - w : 0.0f);
         sm.cf[buf][2][lane] = f.scale;
       }
-      __syncthreads();
+      block_barrier();
       ws = sm.cf[buf][0][lane];
       at = sm.cf[buf][1][lane];
       if (me) own = sm.cf[buf][2][lane];
     } else {
-      const float sigma = __shfl_sync(QR_FULL_MASK, tot, j);
-      const float alpha = __shfl_sync(QR_FULL_MASK, pv, j);
+      const float sigma = warp_shuffle(tot, j);
+      const float alpha = warp_shuffle(pv, j);
       const Reflector f = make_reflector<UNROLL>(alpha, sigma);
       if constexpr (GRAM) {
         // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds
@@ -282,7 +273,7 @@ struct LanesPanel {
           float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
           for (int s = j + 1; s < SLOTS; ++s) {
-            v[s] = __shfl_sync(QR_FULL_MASK, x[s], j);
+            v[s] = warp_shuffle(x[s], j);
             p[s & 3] = fmaf(v[s], q[s], p[s & 3]);
           }
           const float w = taus[j] * (q[j] + ((p[0] + p[1]) + (p[2] + p[3])));
@@ -328,7 +319,7 @@ struct LanesPanel {
       for (int k = 0; k < NB; ++k) {
         const float tk = lane >= k && mine ? sm.tmat[k][lane] : 0.0f;
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(__shfl_sync(QR_FULL_MASK, x[s], k), tk, acc[s]);
+        for (int s = 0; s < SLOTS; ++s) acc[s] = fmaf(warp_shuffle(x[s], k), tk, acc[s]);
       }
       if constexpr (TRAIL) {
         if (mine) store_run<SLOTS>(zt + ((size_t)b * NB + lane) * mp + row0, acc, mp - row0);
@@ -343,7 +334,7 @@ struct LanesPanel {
         for (int k = 0; k < NB; ++k) {
           const float vck = mine ? sm.vtop[lane][k] : 0.0f;
 #pragma unroll
-          for (int s = 0; s < SLOTS; ++s) q[s] = fmaf(-__shfl_sync(QR_FULL_MASK, acc[s], k), vck, q[s]);
+          for (int s = 0; s < SLOTS; ++s) q[s] = fmaf(-warp_shuffle(acc[s], k), vck, q[s]);
         }
         float* qb = zt + (size_t)b * M * NB + lane;
 #pragma unroll
@@ -361,7 +352,7 @@ __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                             int c0, int mp, int vld, long long vbs) {
   using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ>;
-  __shared__ typename P::Shared sm;
+  QR_SHARED typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -1,14 +1,14 @@
-{#- The "tsqr" panel, for panels of many rows and few matrices: a tree of Householder QRs over tiles of TILE rows
-    (level 0 the panel's rows; each next level the stacked NB x NB R factors of the last level's tiles, up to one
-    tile), each tile factored by one block as a RowsPanel; then Q's first NB columns down the tree (a tile's Q block
-    is [Y; 0] - V T V1^T Y, with Y its block of its parent's Q: products, no chain of reflectors); then Householder
-    reflectors rebuilt from Q by an LU factorization with signs, Q - [S; 0] = V U, whose pivots have magnitude at
-    least 1 (Ballard et al., "Reconstructing Householder vectors from tall-skinny QR", 2014): V unit lower
-    trapezoidal, T = -U S V1^-T, tau = diag(T), R = S R_root. Every step is correct for any input (zero columns give
-    orthonormal Q columns too). One kernel, launched once per phase (qrgen.runtime): factor each level bottom-up,
-    expand levels NLEV-1 .. 1, then the final phase (level 0's Q blocks, the LU, V, h, tau, V^T and (VT)^T).
-    The work buffer ts holds per matrix the stacks S_l (l >= 1; S_NLEV is the root's R), each level's tau and T,
-    and level 0's first tile's top rows (V1), at offsets qrgen.codegen.tsqr_layout gives. -#}
+// The "tsqr" panel, for panels of many rows and few matrices: a tree of Householder QRs over tiles of TILE rows
+// (level 0 the panel's rows; each next level the stacked NB x NB R factors of the last level's tiles, up to one
+// tile), each tile factored by one block as a RowsPanel; then Q's first NB columns down the tree (a tile's Q block
+// is [Y; 0] - V T V1^T Y, with Y its block of its parent's Q: products, no chain of reflectors); then Householder
+// reflectors rebuilt from Q by an LU factorization with signs, Q - [S; 0] = V U, whose pivots have magnitude at
+// least 1 (Ballard et al., "Reconstructing Householder vectors from tall-skinny QR", 2014): V unit lower
+// trapezoidal, T = -U S V1^-T, tau = diag(T), R = S R_root. Every step is correct for any input (zero columns give
+// orthonormal Q columns too). One kernel, launched once per phase (qrgen/run/cuda_engine.py): factor each level bottom-up,
+// expand levels NLEV-1 .. 1, then the final phase (level 0's Q blocks, the LU, V, h, tau, V^T and (VT)^T).
+// The work buffer ts holds per matrix the stacks S_l (l >= 1; S_NLEV is the root's R), each level's tau and T,
+// and level 0's first tile's top rows (V1), at offsets plan/tsqr.tsqr_layout gives.
 template <int M, int N, int K, int NB, int THREADS, int SLOTS, int VEC, bool TRAIL, bool LOOP>
 struct TsqrPanel {
   static constexpr int TILE = SLOTS * THREADS;
@@ -99,9 +99,9 @@ struct TsqrPanel {
   // sm.m = T (V1^T Y) from Y, V1 and T in shared memory (sm.m1 holds V1^T Y on the way).
   __device__ __forceinline__ void wy_block() {
     small<true>(sm.m1, sm.v1, sm.y, 1.0f, false);
-    __syncthreads();
+    block_barrier();
     small<false>(sm.m, sm.t, sm.m1, 1.0f, false);
-    __syncthreads();
+    block_barrier();
   }
 
   // Q = [Y; 0] - V (T (V1^T Y)) for the rows in x (V as factor left it: R on and above the diagonal), with Y in
@@ -187,7 +187,7 @@ struct TsqrPanel {
 #pragma unroll
       for (int k = 0; k < NB; ++k) sm.v1[t][k] = t > k ? p.x[0][k] : (t == k ? 1.0f : 0.0f);
     }
-    __syncthreads();
+    block_barrier();
   }
 
   // Level l > 0 of the way down: the tile's Q block in place of its V.
@@ -210,12 +210,12 @@ struct TsqrPanel {
     load(hp, N, rows, tile * TILE);
     operands(y_in, t_in, nullptr, tile);
     products(0);
-    __syncthreads();
+    block_barrier();
     // Q's top block (level 0's first tile), computed by every block: [Y0; 0] - V1 T V1^T Y0 over its top rows.
     operands(y_in, t_in, v1_in, 0);
     wy_block();
     small<false>(sm.y, sm.v1, sm.m, -1.0f, true);  // each entry read and written by one thread
-    __syncthreads();
+    block_barrier();
     {
       // LU with signs of Q's top block, one column per lane: lane c ends with U[i][c] (i <= c), L[i][c] (i > c).
       // Every warp computes it (warp 0 keeps it): no branch around the shuffles, which the compiler otherwise
@@ -226,18 +226,18 @@ struct TsqrPanel {
       for (int i = 0; i < NB; ++i) col[i] = lane < NB ? sm.y[i][lane] : 0.0f;
 #pragma unroll
       for (int k = 0; k < NB; ++k) {
-        const float d = __shfl_sync(QR_FULL_MASK, col[k], k);
+        const float d = warp_shuffle(col[k], k);
         sg[k] = d >= 0.0f ? -1.0f : 1.0f;
         const float ukk = d - sg[k];  // |ukk| >= 1
         rc[k] = __fdividef(1.0f, ukk);
 #pragma unroll
         for (int i = k + 1; i < NB; ++i) {
-          const float li = __shfl_sync(QR_FULL_MASK, col[i], k) * rc[k];
+          const float li = warp_shuffle(col[i], k) * rc[k];
           col[i] = lane == k ? li : (lane > k ? fmaf(-li, col[k], col[i]) : col[i]);
         }
         col[k] = lane == k ? ukk : col[k];
       }
-      __syncthreads();  // every warp has read sm.y
+      block_barrier();  // every warp has read sm.y
       if (t < NB) {
 #pragma unroll
         for (int i = 0; i < NB; ++i) {
@@ -253,7 +253,7 @@ struct TsqrPanel {
         }
       }
     }
-    __syncthreads();
+    block_barrier();
     if (tile == 0 && t < NB) tau[(size_t)b * K + c0 + t] = -sm.y[t][t] * sm.sgn[t];
     if constexpr (TRAIL) {
       // T = -U S V1^-T, row i by thread i: V1 T[i, :]^T = -(U S)[i, :]^T, forward over j (zero left of i).
@@ -265,7 +265,7 @@ struct TsqrPanel {
 #pragma unroll
         for (int j = 0; j < NB; ++j) sm.t[t][j] = acc[j];
       }
-      __syncthreads();
+      block_barrier();
     }
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {

@@ -1,17 +1,8 @@
-{#- Panel QR with the panel's columns spread over the warps (the seed's block design). Warp w owns columns
-    [w*S, w*S + S): lane l keeps rows l, l + 32, ... of them in registers. Each warp first applies the reflectors
-    of the warps before it, in order, as they appear (consumer), then computes the reflectors of its own columns
-    (producer) and publishes each to shared memory with one mbarrier per reflector, so a producer never waits for
-    its consumers and no block-wide barrier is needed per column. Every reflector stays in shared memory. -#}
-template <int NV>
-__device__ __forceinline__ void warp_allreduce(float (&v)[NV]) {
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) {
-#pragma unroll
-    for (int i = 0; i < NV; ++i) v[i] += __shfl_xor_sync(QR_FULL_MASK, v[i], off);
-  }
-}
-
+// Panel QR with the panel's columns spread over the warps (the seed's block design). Warp w owns columns
+// [w*S, w*S + S): lane l keeps rows l, l + 32, ... of them in registers. Each warp first applies the reflectors
+// of the warps before it, in order, as they appear (consumer), then computes the reflectors of its own columns
+// (producer) and publishes each to shared memory with one mbarrier per reflector, so a producer never waits for
+// its consumers and no block-wide barrier is needed per column. Every reflector stays in shared memory.
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(NB, S);
@@ -40,7 +31,7 @@ struct ColsPanel {
 #pragma unroll
       for (int k = 0; k < S; ++k) d[k] = fmaf(v[s], x[s][k], d[k]);
     }
-    warp_allreduce<S>(d);
+    warp_sum(d);
 #pragma unroll
     for (int k = 0; k < S; ++k) d[k] *= tau;
 #pragma unroll
@@ -71,10 +62,10 @@ struct ColsPanel {
         for (int k = I; k < S; ++k) piv[k - I] = x[s][k];
       }
     }
-    warp_allreduce<S - I>(p);
+    warp_sum(p);
     const int owner = col & 31;
 #pragma unroll
-    for (int k = 0; k < S - I; ++k) piv[k] = __shfl_sync(QR_FULL_MASK, piv[k], owner);
+    for (int k = 0; k < S - I; ++k) piv[k] = warp_shuffle(piv[k], owner);
     const Reflector f = make_reflector(piv[0], p[0]);
     float fk[S];
 #pragma unroll
@@ -127,7 +118,7 @@ struct ColsPanel {
     }
     for (int c = 0; c < warp * S; ++c) consume(c);
     produce_all<0>();
-    __syncthreads();
+    block_barrier();
 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -151,16 +142,15 @@ struct ColsPanel {
           acc = fmaf(round_input<GRAM>(vs[k * RS + s * 32 + lane]), round_input<GRAM>(vs[j * RS + s * 32 + lane]),
                      acc);
         }
-        float one[1] = {acc};
-        warp_allreduce<1>(one);
-        if (lane == 0) gram[k * (NB + 1) + j] = one[0];
+        const float sum = warp_sum(acc);
+        if (lane == 0) gram[k * (NB + 1) + j] = sum;
       }
-      __syncthreads();
+      block_barrier();
       // T row by row (LAPACK slarft, forward, columnwise): row t depends only on its own entries and on G.
       if (t < NB) {
         t_row<NB, NB + 1>(t, gram, taus, NB, static_cast<volatile float*>(tmat + t * (NB + 1)));
       }
-      __syncthreads();
+      block_barrier();
       // V^T and (V T)^T for the trailing update, rows over all threads.
       for (int r = t; r < mp; r += WARPS * 32) {
         for (int i = 0; i < NB; ++i) {
@@ -180,7 +170,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
   using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL>;
-  extern __shared__ __align__(16) float smem[];
+  QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = vs + NB * P::RS;
   float* gram = taus + NB;
@@ -189,7 +179,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
       tmat + (TRAIL ? NB * (NB + 1) : 0) + ((NB + (TRAIL ? 2 * NB * (NB + 1) : 0)) & 1));
   const int t = threadIdx.x;
   if (t < NB) mbar_init(bars + t, 32);
-  __syncthreads();
+  block_barrier();
   P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, (int)blockIdx.x, vbs};
   panel.run(src, h, tau, vt, zt);
 }

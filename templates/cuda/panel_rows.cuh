@@ -1,11 +1,11 @@
-{#- Panel QR with the panel's rows spread over the threads ("warp": one warp; "rows": a block, or BLOCKS
-    blocks that exchange partial sums through global memory, or with CLUSTER the BLOCKS blocks of one thread-block
-    cluster, through each other's shared memory). Each thread keeps SLOTS rows x NB columns in registers for the
-    whole panel; one reduction per column carries the column's squared norm, its dots with the later columns and
-    the Gram entries of the previous reflector, so a column costs one barrier (one flag exchange, or one cluster
-    barrier, when BLOCKS > 1). The loop over columns is unrolled (every column its own code: the triangle of work
-    shrinks, but the code grows to about 0.8 MB of cubin), or with LOOP it is not: the registers rotate by one
-    column per step, so one column's code serves every column at about 1.6 times the arithmetic. -#}
+// Panel QR with the panel's rows spread over the threads ("warp": one warp; "rows": a block, or BLOCKS
+// blocks that exchange partial sums through global memory, or with CLUSTER the BLOCKS blocks of one thread-block
+// cluster, through each other's shared memory). Each thread keeps SLOTS rows x NB columns in registers for the
+// whole panel; one reduction per column carries the column's squared norm, its dots with the later columns and
+// the Gram entries of the previous reflector, so a column costs one barrier (one flag exchange, or one cluster
+// barrier, when BLOCKS > 1). The loop over columns is unrolled (every column its own code: the triangle of work
+// shrinks, but the code grows to about 0.8 MB of cubin), or with LOOP it is not: the registers rotate by one
+// column per step, so one column's code serves every column at about 1.6 times the arithmetic.
 template <int M, int N, int K, int SLOTS, int NB, int THREADS, int BLOCKS, int VEC, int GRAM, bool TRAIL,
           bool CLUSTER, bool LOOP>
 struct RowsPanel {
@@ -13,13 +13,12 @@ struct RowsPanel {
   static constexpr int RB = SLOTS * THREADS;  // rows per block
   static constexpr int XCH = 64;              // floats per block and column in the exchange buffer
   // T built by t_row (unrolled) only below 512 threads: at 512 (a cap of 128 registers) these kernels have no
-  // registers to spare, and any change to T's loop moved spills in (qr_rows_w16_t512_c4_s4_v4_trail,
-  // qr_rows_w8_t512_b20_s10_v4_trail), so there the row is walked in place as before.
+  // registers to spare (an unrolled row moves spills in), so there the row is walked in place.
   static constexpr bool UNROLL_T = THREADS < 512;
   // One block of several warps: warp 0 builds each column's reflector once, beside the warps' sums, and the other
   // warps read its coefficients (ONCE) instead of each building the same reflector from the sums (its square root,
-  // division and branches, and a multiply-add per later column: measured in the lanes panels, where the block's
-  // warps share the SM's issue slots, 4-7% of a panel's time).
+  // division and branches, and a multiply-add per later column, where the block's warps share the SM's issue
+  // slots).
   static constexpr bool ONCE = WARPS > 1 && BLOCKS == 1;
   static_assert(NB <= 32 && NB <= THREADS, "a rows panel is at most 32 columns wide");
 
@@ -51,17 +50,17 @@ struct RowsPanel {
 
   __device__ __forceinline__ void sync() {
     if constexpr (WARPS == 1) {
-      __syncwarp();
+      warp_barrier();
     } else {
-      __syncthreads();
+      block_barrier();
     }
   }
 
   // ONCE: warp 0's reflector for column j from the sums (lane t's in acc: its dot of the column with the t-th
   // column after it, for 0 < t < nd; sigma, the column's squared norm below its diagonal, lane 0's sum, which every
   // lane adds up itself: a shuffle inside warp 0's branch makes the compiler wrap every shuffle of the column in
-  // convergence code, measured at 3x the panel's time) and the pivot row at sm.piv[j & 1][p0]; tau into sm.tau[j],
-  // the coefficients into sm.cf[j & 1] (zero for p >= nd).
+  // convergence code) and the pivot row at sm.piv[j & 1][p0]; tau into sm.tau[j], the coefficients into
+  // sm.cf[j & 1] (zero for p >= nd).
   __device__ __forceinline__ void reflect(const float acc, const float sigma, const int j, const int p0,
                                           const int nd) {
     const float* piv = sm.piv[j & 1];
@@ -117,10 +116,10 @@ struct RowsPanel {
     const bool leader = (lane & ((1 << SHIFT) - 1)) == 0;
     if constexpr (WARPS == 1) {
       if (leader && idx < NV) tot[idx] = v[0];
-      __syncwarp();
+      warp_barrier();
     } else {
       if (leader && idx < NV) sm.red[warp][idx] = v[0];
-      __syncthreads();
+      block_barrier();
       if constexpr (ONCE) {
         if (warp == 0) {
           float acc = 0.0f;
@@ -136,7 +135,7 @@ struct RowsPanel {
             reflect(acc, sigma, j, p0, nd);
           }
         }
-        __syncthreads();
+        block_barrier();
       } else if constexpr (!CLUSTERED) {
         if (t < NV) {
           float acc = 0.0f;
@@ -144,15 +143,15 @@ struct RowsPanel {
           for (int w = 0; w < WARPS; ++w) acc += sm.red[w][t];
           tot[t] = acc;
         }
-        __syncthreads();
+        block_barrier();
       }
     }
     if constexpr (CLUSTERED) {
-      {# Every block pushes its sums (block 0 also the pivot row) into every block's receive buffer for this
-         column's parity (st.async), completing the bytes on the receiver's mbarrier of that parity; one thread per
-         block arms it for the bytes of all blocks, the first warp waits and adds them up. Reuse is safe: a block
-         pushes column j + 2's values only after it has received every block's column j + 1 values, which each
-         sent after its reads of column j's buffer. #}
+      // Every block pushes its sums (block 0 also the pivot row) into every block's receive buffer for this
+      // column's parity (st.async), completing the bytes on the receiver's mbarrier of that parity; one thread per
+      // block arms it for the bytes of all blocks, the first warp waits and adds them up. Reuse is safe: a block
+      // pushes column j + 2's values only after it has received every block's column j + 1 values, which each
+      // sent after its reads of column j's buffer.
       const int par = j & 1;
       if (t == 0) mbar_arrive_expect(&sm.bar[par], 4u * (BLOCKS * NV + ND));
       if (t < NV) {
@@ -181,32 +180,32 @@ struct RowsPanel {
         }
         if (t < ND) piv[p0 + t] = sm.xr[par][BLOCKS][t];
       }
-      __syncthreads();
+      block_barrier();
     } else if constexpr (BLOCKS > 1) {
-      {# Every block of the matrix publishes its partial sums (block 0 also the pivot row), arrives on the
-         matrix's flag and waits for the others; buffers alternate by column, since a block can only reach
-         column j + 2 after every block has left column j. #}
+      // Every block of the matrix publishes its partial sums (block 0 also the pivot row), arrives on the
+      // matrix's flag and waits for the others; buffers alternate by column, since a block can only reach
+      // column j + 2 after every block has left column j.
       float* slot = xch + ((size_t)(b * 2 + (j & 1)) * BLOCKS) * XCH;
       if (t < NV) slot[g * XCH + t] = tot[t];
       if (g == 0 && t < ND) slot[32 + t] = piv[p0 + t];
-      __threadfence();
-      __syncthreads();
+      device_fence();
+      block_barrier();
       if (t == 0) {
         flag_arrive(flags + b);
         const unsigned target = epoch + (unsigned)(j + 1) * BLOCKS;
         while (flag_load(flags + b) < target) {
         }
-        __threadfence();
+        device_fence();
       }
-      __syncthreads();
+      block_barrier();
       if (t < NV) {
         float acc = 0.0f;
 #pragma unroll
-        for (int q = 0; q < BLOCKS; ++q) acc += __ldcg(slot + q * XCH + t);
+        for (int q = 0; q < BLOCKS; ++q) acc += load_coherent(slot + q * XCH + t);
         tot[t] = acc;
       }
-      if (t < ND) piv[p0 + t] = __ldcg(slot + 32 + t);
-      __syncthreads();
+      if (t < ND) piv[p0 + t] = load_coherent(slot + 32 + t);
+      block_barrier();
     }
   }
 
@@ -427,7 +426,7 @@ __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float*
                                            unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld,
                                            long long vbs) {
   using P = RowsPanel<M, N, K, SLOTS, NB, THREADS, BLOCKS, VEC, GRAM, TRAIL, CLUSTER, LOOP>;
-  __shared__ typename P::Shared sm;
+  QR_SHARED typename P::Shared sm;
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -1,0 +1,56 @@
+// Feature "cluster" (sm_90): thread-block clusters and their distributed shared memory, each block reading and
+// writing the others' shared memory. Needs mbarrier.cuh before it (pushes complete on the receiver's mbarrier).
+
+// The address of the same shared variable as `p` in cluster block `rank`, for shared::cluster accesses.
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return remote;
+}
+
+// Pushes into another block's shared memory: st.async writes a float at the address of the same variable in block
+// `rank` and completes its bytes on that block's mbarrier (at the address of `bar` there). No fence: the receiver's
+// wait on its mbarrier makes the bytes visible (a cluster barrier's release compiles to MEMBAR.ALL.GPU and its
+// acquire to an L1 invalidation, on every column).
+__device__ __forceinline__ void push_peer(float* p, float v, unsigned long long* bar, unsigned rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
+}
+
+// push_peer with the address of `base` (this block's shared memory) in block `rank` given (peer_base, from
+// peer_address(base, rank) once, not two mapa a push): a variable's address there is peer_base plus its offset
+// from base here.
+__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
+                                             unsigned long long* bar) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
+               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+}
+
+// 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused
+// kernel's partial W of the other blocks).
+__device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 { %0, %1, %2, %3 }, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(peer_address(p, rank)) : "memory");
+  return v;
+}
+
+// A barrier over the whole cluster (release on arrival, acquire on the wait; it compiles to MEMBAR.ALL.GPU and an
+// L1 invalidation, so the panels use it once at each end, not per column).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The cluster panels' exchange: thread 0 initializes this block's two mbarriers (one per parity of the column),
+// and no block pushes into another before every block's are initialized.
+__device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
+  if (t == 0) {
+    mbar_init(&bar[0], 1);
+    mbar_init(&bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
+}

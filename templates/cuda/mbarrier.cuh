@@ -1,0 +1,30 @@
+// Feature "mbarrier" (sm_90): barriers in this block's shared memory that count arrivals and, for transactions,
+// bytes (the cols panels' one per reflector, the cluster panels' one per parity of the column). The polling loop of
+// the wait lives inside the asm, so the compiler sees no data-dependent loop (after one, it wrapped the following
+// warp shuffles in convergence code).
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  // release at CTA scope: this lane's stores of the reflector are visible to whoever completes the wait
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// One arrival that also expects `bytes` more to complete in this phase (they may have arrived already).
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
