@@ -124,7 +124,9 @@ def run_case(batch: int, m: int, n: int, reps: int = 20, with_torch: bool = True
     from .api import geqrf
     from .numerics.check import check
     from .numerics.stress import mixed, stress
+    from .run import replay
 
+    replay.clear()  # each case starts as a process calling only this shape would (replay's caps are per process)
     rng = np.random.default_rng(seed)
     sets = max(2, min(4, (1 << 30) // max(1, batch * m * n * 4)))
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(sets)]
@@ -339,7 +341,9 @@ def run_qr_case(batch: int, m: int, n: int, reps: int = 10, seed: int = 0) -> st
     import cupy
 
     from .api import qr
+    from .run import replay
 
+    replay.clear()  # as run_case
     rng = np.random.default_rng(seed)
     inputs = [cupy.asarray(rng.standard_normal((batch, m, n), dtype=np.float32)) for _ in range(2)]
     qr(inputs[0])
@@ -361,6 +365,11 @@ QR_CASES = REFERENCE_CASES + ((20000, 32, 32),)
 MARKDOWN_FAMILIES = ("mixed", "rankdef", "normspread")  # the hostile batches of the reference table
 
 
+def _cuda_version(number: int) -> str:
+    """CUDA's version numbers as they are written: 13020 -> 13.2."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
 def environment_facts() -> dict:
     """The device, driver and library versions a table was measured with."""
     import datetime
@@ -378,7 +387,8 @@ def environment_facts() -> dict:
         torch_version = "none"
     return dict(date=datetime.date.today().isoformat(), device=f"{props['name'].decode()} "
                 f"(sm_{props['major']}{props['minor']}, {props['multiProcessorCount']} SMs)",
-                driver=cupy.cuda.runtime.driverGetVersion(), runtime=cupy.cuda.runtime.runtimeGetVersion(),
+                driver=_cuda_version(cupy.cuda.runtime.driverGetVersion()),
+                runtime=_cuda_version(cupy.cuda.runtime.runtimeGetVersion()),
                 nvrtc=".".join(map(str, nvrtc_version())), cupy=cupy.__version__, torch=torch_version,
                 version=__version__)
 

@@ -60,9 +60,9 @@ def parser() -> argparse.ArgumentParser:
                    help="number of matrices the schedule is chosen for (the module takes any batch); default 1")
     b.add_argument("--arch", default=None,
                    help="target architecture such as sm_90; default: this machine's GPU, else sm_90")
-    b.add_argument("--out", type=Path, default=None, help="directory for the module (default: generated/)")
+    b.add_argument("--out", type=Path, default=None, help="directory for the module (default: ./generated)")
     b.add_argument("--schedules", type=Path, default=None,
-                   help="directory of schedule files, one folder per arch (default: schedules/)")
+                   help="directory of schedule files, one folder per arch (default: the shipped schedules/)")
     b.add_argument("--no-compile", action="store_true", help="write the module and sources, compile nothing")
     b.add_argument("--jobs", type=_positive, default=None, help="kernels compiled at once (default: CPU count)")
     b.add_argument("--trials", type=int, default=0,
@@ -166,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown is not None:
             return _markdown(args)
         if args.qr:
-            print("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg.qr µs | speed-up over torch |")
-            print("|---|---:|---:|---:|---:|")
+            print(QR_HEADER)
             for batch, m, n in cases:
                 print(run_qr_case(batch, m, n, reps=args.reps), flush=True)
             return 0
@@ -191,10 +190,16 @@ QR_HEADER = ("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg
 
 
 def _markdown(args) -> int:
+    """The reference batches, the single and tall cases and qr, written to args.markdown after each table."""
     from .bench import (MARKDOWN_FAMILIES, QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, environment_facts,
                         markdown_document, run_case, run_qr_case, table)
 
-    sections = []
+    facts, sections = environment_facts(), []
+    command = f"qrgen bench --markdown {args.markdown.name} --reps {args.reps}"
+
+    def write():
+        args.markdown.write_text(markdown_document(sections, command, facts))
+
     for title, cases, hostile in (("Reference batches", REFERENCE_CASES, MARKDOWN_FAMILIES),
                                   ("Single and tall matrices", SINGLE_TALL_CASES, ())):
         rows = []
@@ -202,10 +207,13 @@ def _markdown(args) -> int:
             rows.append(run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch, hostile=hostile))
             print(f"{batch} x {m}x{n}: {rows[-1].qrgen_us:,.1f} µs", flush=True)
         sections.append((title, table(rows)))
-    qr_rows = [run_qr_case(batch, m, n, reps=args.reps) for batch, m, n in QR_CASES]
+        write()
+    qr_rows = []
+    for batch, m, n in QR_CASES:
+        qr_rows.append(run_qr_case(batch, m, n, reps=args.reps))
+        print(qr_rows[-1], flush=True)
     sections.append(("qr against torch.linalg.qr", QR_HEADER + "\n" + "\n".join(qr_rows)))
-    command = f"qrgen bench --markdown {args.markdown.name} --reps {args.reps}"
-    args.markdown.write_text(markdown_document(sections, command, environment_facts()))
+    write()
     print(f"wrote {args.markdown}")
     return 0
 

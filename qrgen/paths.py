@@ -6,22 +6,30 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _data(name: str) -> Path:
+    """A top-level folder of the checkout qrgen runs from, else the copy an installed wheel carries."""
+    checkout = _PACKAGE.parent / name
+    if checkout.is_dir() and (_PACKAGE.parent / "pyproject.toml").is_file():
+        return checkout
+    return _PACKAGE / "data" / name
 
 
 def template_dir() -> Path:
-    """The templates/ folder of the checkout qrgen runs from."""
-    return _ROOT / "templates"
+    """The kernel and module templates (templates/<backend>/...)."""
+    return _data("templates")
 
 
 def schedule_dir() -> Path:
     """The shipped schedules (schedules/<arch>/<m>x<n>_b<batch>.json)."""
-    return _ROOT / "schedules"
+    return _data("schedules")
 
 
 def generated_dir() -> Path:
-    """Where `qrgen build` writes modules by default."""
-    return _ROOT / "generated"
+    """Where `qrgen build` writes modules by default: ./generated."""
+    return Path.cwd() / "generated"
 
 
 def cache_dir() -> Path:

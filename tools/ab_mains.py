@@ -1,11 +1,12 @@
 """Two checkouts of qrgen timed against each other in one run: for each case, each checkout in its own process, in
-turn for several rounds, qrgen.geqrf eager (CUDA events around one call, the L2 flushed by a 256 MB write right
-before it, no host synchronization between) and as CUDA-graph replays, medians of fresh random inputs; and the
-digest of h and tau on a seeded batch of every stress family, to show the two give bit-identical results.
+turn for several rounds, qrgen.geqrf (or qrgen.qr) eager (CUDA events around one call, the L2 flushed by a 256 MB
+write right before it, no host synchronization between) and as CUDA-graph replays, medians of fresh random inputs;
+and the digest of the results on a seeded batch of every stress family, to show the two are bit-identical.
 
-    python3 tools/ab_mains.py OLD_ROOT NEW_ROOT [BATCHxMxN ...] [--rounds 2] [--reps 20] [--out FILE.json]
+    python3 tools/ab_mains.py OLD_ROOT NEW_ROOT [BATCHxMxN ...] [--function qr] [--rounds 2] [--reps 20] [--out F]
 
-(the seven reference batches by default). Each worker imports only the public qrgen.geqrf of its checkout."""
+(the seven reference batches by default). Each worker imports only the public qrgen.geqrf or qrgen.qr of its
+checkout."""
 from __future__ import annotations
 
 import argparse
@@ -54,40 +55,41 @@ def _mixed():
     return mixed
 
 
-def worker(case: str, reps: int, digest: bool) -> dict:
+def worker(case: str, reps: int, digest: bool, function: str = "geqrf") -> dict:
     import cupy
     import qrgen
 
     batch, m, n = (int(v) for v in case.split("x"))
+    call = getattr(qrgen, function)
     sets = max(2, min(4, (1 << 30) // (batch * m * n * 4)))
     rng = cupy.random.default_rng(0)
     inputs = [rng.standard_normal((batch, m, n), dtype=cupy.float32) for _ in range(sets)]
-    qrgen.geqrf(inputs[0])
+    call(inputs[0])
     cupy.cuda.get_current_stream().synchronize()
-    eager = _median_us(cupy, qrgen.geqrf, inputs, reps)
+    eager = _median_us(cupy, call, inputs, reps)
     stream = cupy.cuda.Stream(non_blocking=True)
     graphs, outputs = [], []
     end_capture = _end_capture()
     with stream:
         for x in inputs:
-            qrgen.geqrf(x)
+            call(x)
         stream.synchronize()
         for x in inputs:
             stream.begin_capture()
-            outputs.append(qrgen.geqrf(x))
+            outputs.append(call(x))
             graphs.append(end_capture(stream))
         graph = _median_us(cupy, lambda g: g.launch(stream), graphs, reps, warmup=1)
     out = {"eager_us": eager, "graph_us": graph}
     if digest:  # h and tau of a batch of every stress family (up to 64 matrices), and of the first timed input
         a, _ = _mixed()(m, n, min(batch, 64), seed=1)
-        parts = qrgen.geqrf(cupy.asarray(a)) + qrgen.geqrf(inputs[0])
+        parts = call(cupy.asarray(a)) + call(inputs[0])
         out["digest"] = hashlib.sha256(b"".join(cupy.asnumpy(x).tobytes() for x in parts)).hexdigest()
     return out
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")))
+        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5])))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("old")
@@ -96,6 +98,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default=None)
+    p.add_argument("--function", default="geqrf", choices=("geqrf", "qr"), help="the call timed (default geqrf)")
     args = p.parse_args()
     results = {}
     for case in args.cases:
@@ -103,10 +106,10 @@ def main() -> int:
         for r in range(args.rounds):
             order = (("old", args.old), ("new", args.new))
             for label, root in order if r % 2 == 0 else order[::-1]:
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(root)]
-                                                                   + os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+                path = [os.path.abspath(root)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", case, str(args.reps),
-                                      "1" if r == 0 else "0"],
+                                      "1" if r == 0 else "0", args.function],
                                      env=env, cwd=root, capture_output=True, text=True)
                 if out.returncode:
                     print(f"{case} {label}: failed\n{out.stderr[-3000:]}", flush=True)

@@ -120,8 +120,8 @@ def test_tf32x3_kernels_compile_without_spills(tmp_path, monkeypatch):
     items = {}
     for aggregate in (128, 64):
         schedule = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate)
-        items.update((r.name, r.source) for r in render_all(schedule, SM90) if "gemm3" in r.name)
-    assert sorted(items) == ["qr_gemm3_gram", "qr_gemm3_project", "qr_gemm3_project64", "qr_gemm3_update"]
+        items.update((r.name, r.source) for r in render_all(schedule, SM90) if "tf32x3" in r.name)
+    assert sorted(items) == ["qr_tf32x3_gram", "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update"]
     _no_spills(list(items.items()))
 
 
@@ -155,7 +155,7 @@ def test_default_for_many_matrices_compiles_without_spills(tmp_path, monkeypatch
     schedule = default_schedule(Problem(500, 450, 64))
     assert schedule.aggregate == 64 and {p.width for p in schedule.panels[:-1]} == {16}
     items = [(r.name, r.source) for r in render_all(schedule, SM90)]
-    assert any(name == "qr_gemm3_project64" for name, _ in items)
+    assert any(name == "qr_tf32x3_project64" for name, _ in items)
     _no_spills(items)
 
 

@@ -458,24 +458,25 @@ def test_q_products_of_wide_kept_blocks_in_tf32x3(monkeypatch):
     def q_precisions(log):
         return {e[2] for e in log if e[0] == "gemm" and e[1] in ("qproject", "qupdate")}
 
-    def gemm3(schedule, keep):
+    def tf32x3_kinds(schedule, keep):
         return [k.kind for k in plan(schedule, keep=keep).kernels if k.variant == "tf32x3"]
 
     wide = _uniform(256, 256, 32, aggregate=128)  # fp32 products: of its own only the gram kernel (G in parts)
     a = stress("rowscaled", 256, 256, 2, seed=8)
     q, h, log = numpy_engine.qr(a, wide)
     assert q_precisions(log) == {"tf32x3"}
-    assert gemm3(wide, False) == ["gram"] and gemm3(wide, True) == ["project", "update", "gram"]
+    assert tf32x3_kinds(wide, False) == ["gram"] and tf32x3_kinds(wide, True) == ["project", "update", "gram"]
     # the update's own tf32x3 kernels (update, gram): the keep plan adds the projection's, for blocks of 64 rows
     # the 64-row tiles' (tf32x3.project_kind)
     update3 = _uniform(256, 256, 32, aggregate=64, precision=Precision("fp32", "fp32", "tf32x3"))
-    assert gemm3(update3, False) == ["update", "gram"] and gemm3(update3, True) == ["project64", "update", "gram"]
+    assert tf32x3_kinds(update3, False) == ["update", "gram"]
+    assert tf32x3_kinds(update3, True) == ["project64", "update", "gram"]
     for narrow in (_uniform(176, 176, 32, variant="lanes"), _uniform(96, 160, 32, aggregate=32)):
         _, _, narrow_log = numpy_engine.qr(stress("random", narrow.m, narrow.n, 1, seed=1), narrow)
-        assert q_precisions(narrow_log) == {"fp32"} and gemm3(narrow, True) == []
+        assert q_precisions(narrow_log) == {"fp32"} and tf32x3_kinds(narrow, True) == []
     # what a keep Factorizer compiles: the tf32x3 kernels too
     monkeypatch.setattr("qrgen.run.factorizer.compile_many", lambda items, *args, **kw: [name for name, _ in items])
-    assert {"qr_gemm3_project", "qr_gemm3_update"} <= set(Factorizer(256, 256, wide, Target(), keep=True).build())
+    assert {"qr_tf32x3_project", "qr_tf32x3_update"} <= set(Factorizer(256, 256, wide, Target(), keep=True).build())
     r = np.triu(h[:, :256])
     factor, orth = q_gates(a, q, r)
     monkeypatch.setattr(tf32x3, "q_precision", lambda width: "fp32")

@@ -87,7 +87,7 @@ def test_aggregated_schedule_plan():
     kernels, launches = p.kernels, p.launches
     tmat_spec = next(k for k in kernels if k.name == tmat.NAME)
     assert tmat_spec.threads == tmat.THREADS == 1024
-    assert kernels[-1].name == "qr_gemm3_gram"  # an fp32 G of few matrices in parts (run/buffers.gram_parts)
+    assert kernels[-1].name == "qr_tf32x3_gram"  # an fp32 G of few matrices in parts (run/buffers.gram_parts)
     assert [L.nc for L in launches[:4]] == [96, 64, 32, 0] and all(L.trail for L in launches[:4])
     assert [L.v_row for L in launches[:4]] == [0, 32, 64, 96] and {L.v_ld for L in launches[:4]} == {256}
 
@@ -104,20 +104,20 @@ def test_tf32x3_products_plan_and_render():
         schedule = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", project, update), aggregate=128)
         names[update] = [k.name for k in plan(schedule).kernels if k.variant == "tf32x3"]
         if project == "fp32":
-            assert names[update] == ["qr_gemm3_gram"]
+            assert names[update] == ["qr_tf32x3_gram"]
         if update == "fp32" and project == "tf32x3":
-            assert names[update] == ["qr_gemm3_project", "qr_gemm3_gram"]
-    assert names["tf32x3"] == ["qr_gemm3_project", "qr_gemm3_update", "qr_gemm3_gram"]
+            assert names[update] == ["qr_tf32x3_project", "qr_tf32x3_gram"]
+    assert names["tf32x3"] == ["qr_tf32x3_project", "qr_tf32x3_update", "qr_tf32x3_gram"]
     # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
     one = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
-    assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_gemm3_update", "qr_gemm3_gram"]
+    assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_tf32x3_update", "qr_tf32x3_gram"]
     # aggregates of 64: their projections on the 64-row tiles (tf32x3.project_kind), the 128-row kernel not built
     by64 = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
     assert [k.name for k in plan(by64).kernels if k.variant == "tf32x3"] == [
-        "qr_gemm3_project64", "qr_gemm3_update", "qr_gemm3_gram"]
-    items = dict((r.name, r.source) for s in (schedule, by64) for r in render_all(s, SM90) if "gemm3" in r.name)
+        "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"]
+    items = dict((r.name, r.source) for s in (schedule, by64) for r in render_all(s, SM90) if "tf32x3" in r.name)
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in next(iter(items.values()))
-    assert "#define BM 64" in items["qr_gemm3_project64"] and "#define BM 128" in items["qr_gemm3_project"]
+    assert "#define BM 64" in items["qr_tf32x3_project64"] and "#define BM 128" in items["qr_tf32x3_project"]
 
 
 def test_lanes_panels_and_gram_precision():
