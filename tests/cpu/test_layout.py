@@ -175,3 +175,20 @@ def test_readme_is_short_and_starts_with_set_up_and_test():
     first = text.split("\n## ")[1]  # the first section
     assert first.startswith("Set up and test")
     assert 'python3 -m pip install -e ".[cuda,test]"' in first and "python3 -m pytest -q" in first
+
+
+def test_planner_refuses_what_the_target_lacks_and_the_heuristic_picks_for_its_target():
+    """A cluster panel on an arch without clusters is refused, naming the feature; the default schedule for such an
+    arch has no cluster panels, and its register and shared-memory budgets are the arch's."""
+    from qrgen.schedule.model import Panel, Schedule
+
+    clustered = Schedule(2048, 32, (Panel(32, "lanes", 256, 8, cluster=True),))
+    check(clustered, Target("cuda", "sm_90"))
+    with pytest.raises(ValueError, match="clusters"):
+        check(clustered, Target("cuda", "sm_80"))
+    problem = Problem(2048, 2048, 8)
+    assert any(p.cluster for p in default_schedule(problem, Target("cuda", "sm_90")).panels)
+    ampere = default_schedule(problem, Target("cuda", "sm_80"))
+    assert not any(p.cluster for p in ampere.panels)
+    check(ampere, Target("cuda", "sm_80"))
+    assert Target("cuda", "sm_89").limits.shared_bytes < Target("cuda", "sm_90").limits.shared_bytes
