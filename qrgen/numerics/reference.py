@@ -213,7 +213,7 @@ def geqrf(a: np.ndarray, schedule=None, dtype=np.float64) -> tuple[np.ndarray, n
     m, n = a.shape[-2:]
     lead = a.shape[:-2]
     k = min(m, n)
-    h = np.array(a, dtype=dtype).reshape(-1, m, n)
+    h = np.array(a, dtype=dtype).reshape(int(np.prod(lead, dtype=np.int64)), m, n)  # (-1 fails for empty ones)
     tau = np.zeros((h.shape[0], k), dtype=dtype)
     if h.size == 0:
         return h.reshape(*lead, m, n), tau.reshape(*lead, k)
