@@ -36,11 +36,16 @@ def features(spec: KernelSpec) -> tuple[str, ...]:
     return (CLUSTERS,) if spec.cluster else ()
 
 
-def cluster(batch: int, nc: int, rows: int, sms: int) -> int:
-    """Blocks per cluster of a launch (CLUSTER_SIZES): the most that keep it within two resident blocks per SM, each
+def cluster_sizes(target) -> tuple[int, ...]:
+    """The blocks per cluster a target's fused launches may take: CLUSTER_SIZES with clusters, else 1."""
+    return CLUSTER_SIZES if target.has(CLUSTERS) else (1,)
+
+
+def cluster(batch: int, nc: int, rows: int, sms: int, sizes: tuple[int, ...] = CLUSTER_SIZES) -> int:
+    """Blocks per cluster of a launch (of `sizes`): the most that keep it within two resident blocks per SM, each
     block MIN_ROWS rows or more; 1 where the blocks of 32 columns fill the GPU alone."""
     tiles, blocks = -(-nc // 32), 1
-    while 2 * blocks in CLUSTER_SIZES and batch * tiles * 2 * blocks <= 2 * sms and rows >= 2 * blocks * MIN_ROWS:
+    while 2 * blocks in sizes and batch * tiles * 2 * blocks <= 2 * sms and rows >= 2 * blocks * MIN_ROWS:
         blocks *= 2
     return blocks
 

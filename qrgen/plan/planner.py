@@ -101,7 +101,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
     if schedule.panel_update == "rowsplit":
         kernels += [rowsplit.kernel(kind, w) for w in widths for kind in rowsplit.KINDS]
     elif schedule.panel_update == "fused":
-        kernels += [fused.kernel(w, cl) for w in widths for cl in fused.CLUSTER_SIZES]
+        kernels += [fused.kernel(w, cl) for w in widths for cl in fused.cluster_sizes(target)]
     if any(a.nc > 0 for a in aggs) or (keep and aggs):
         kernels.append(tmat.kernel())
     if schedule.scaled:

@@ -192,3 +192,14 @@ def test_planner_refuses_what_the_target_lacks_and_the_heuristic_picks_for_its_t
     assert not any(p.cluster for p in ampere.panels)
     check(ampere, Target("cuda", "sm_80"))
     assert Target("cuda", "sm_89").limits.shared_bytes < Target("cuda", "sm_90").limits.shared_bytes
+
+
+def test_fused_launches_take_clusters_only_where_the_target_has_them():
+    from qrgen.plan import fused
+    from qrgen.schedule.model import Panel, Schedule
+
+    schedule = Schedule(1024, 64, (Panel(32, "rows", 256),) * 2, panel_update="fused")
+    assert {k.blocks for k in plan(schedule, Target("cuda", "sm_90")).kernels if k.variant == "fused"} == {1, 2, 4, 8}
+    assert {k.blocks for k in plan(schedule, Target("cuda", "sm_80")).kernels if k.variant == "fused"} == {1}
+    assert fused.cluster(2, 32, 1024, 132, fused.cluster_sizes(Target("cuda", "sm_80"))) == 1
+    assert fused.cluster(2, 32, 1024, 132, fused.cluster_sizes(Target("cuda", "sm_90"))) > 1
