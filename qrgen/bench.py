@@ -28,7 +28,7 @@ class Timing:
     passed: bool
     graph_us: float | None = None  # the same call captured once in a CUDA graph and replayed (no Python per call)
     # The same call on batches of hostile matrices, by name: "mixed" (every stress family at random positions) or
-    # one family of qrgen.testing (all matrices of it), with their µs.
+    # one family of qrgen.numerics.stress (all matrices of it), with their µs.
     hostile: tuple[tuple[str, float], ...] = ()
 
     @property

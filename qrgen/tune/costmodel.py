@@ -1,16 +1,8 @@
-"""A rough time model of a schedule on the H200, for searching without a GPU.
-
-Calibrated against `qrgen bench --profile` on the H200 (BENCHMARKS.md, 2026-11-30): per-column latency of the
-warp/rows panel kernels (1.7 to 4 µs), the flag exchange of multi-block panels (about 10 µs per column on the tall
-shapes; 2 x 4096² with two blocks of 1024 threads paid about 70, not yet understood), cuBLAS
-trailing-update GEMMs (about half the fp32 rate at rank 32, memory-bound and slower at rank 8 and 16), and the host's
-cost per launch. cuBLAS products with few output tiles run on few SMs when the batch is small (2 x 4096 rows,
-8 x 120 output: 61 µs); the split kernels fill the GPU but compute at 2.7 to 5.5 TFLOP/s (scripts/skinny_bench.py).
-The lanes term and the clusters' exchange are fitted to single panels replayed alone (twenty-first session: a
-barrier per column over more warps costs more, so does a longer slot loop); the cols term is an instruction count over the clock
-(cols measured slower than lanes; not fitted); the tsqr term is fitted to each of its launches timed alone.
-It ranks schedules; it does not replace measuring them.
-"""
+"""A rough time model of a schedule on the H200, for searching without a GPU: per-column latency of each panel
+family, the multi-block flag exchange and the clusters' exchange, the trailing-update products by rate and by
+bytes, the rowsplit, fused, tsqr and whole kernels, and the host's cost per launch, each term fitted to launches
+measured on the H200 (docs/decisions.md#costmodel-calibration and the entries after it). It ranks schedules; it does
+not replace measuring them."""
 from __future__ import annotations
 
 import math
@@ -29,30 +21,24 @@ SMS = 132
 CLOCK_HZ = 1.7e9
 BANDWIDTH = 3.0e12  # bytes/s a trailing-update GEMM reaches at rank 32
 RATE = {"fp32": 25e12, "tf32": 200e12, "bf16": 350e12, "fp16": 350e12,  # FLOP/s reached, not peak
-        "tf32x3": 40e12}  # the gemm3 kernels: 1.5-1.6x cuBLAS fp32 on the H200 (BENCHMARKS.md, twelfth session)
+        "tf32x3": 40e12}  # the tf32x3 kernels (docs/decisions.md#costmodel-tf32x3-rate)
 HOST_US_PER_LAUNCH = 10.0
 GEMM_FIXED_US = 8.0
 MULTI_BLOCK_US_PER_COLUMN = 10.0
-# A cluster's exchange per column over one block's chain: one 32-column lanes panel alone (scripts/panel_bench.py,
-# BENCHMARKS.md, twenty-first session) ran 1.15-1.18 µs a column on clusters of 8 (8 x 2048 rows, 512 threads a
-# block), 1.25-1.27 on clusters of 16 (2 x 4096), against 0.92-0.99 on one block of 512 threads (60 x 256).
+# A cluster's exchange per column over one block's chain (docs/decisions.md#costmodel-lanes-and-clusters)
 CLUSTER_US_PER_COLUMN = 0.25
-# FLOP/s of the split kernels: 5.5e12 measured where they split the rows (8 x 2048 rows, 16 x 112), 2.7e12 where
-# the batch alone fills the GPU and each block walks long row ranges (60 x 1024 rows, 32 x 96)
+# FLOP/s of the rowsplit kernels where they split the rows, and where the batch alone fills the GPU and each block
+# walks long row ranges (docs/decisions.md#costmodel-split)
 SPLIT_RATE = {True: 5.5e12, False: 2.7e12}
 SPLIT_FIXED_US = 5.0
-# tsqr panels, fitted to each launch alone on the H200 (BENCHMARKS.md, thirteenth session, scripts/tsqr_phases.py,
-# 16 columns, 256 threads, tiles of 512 rows): a level's factorization 13.6-17.6 µs (~0.95 µs a column), an
-# expansion 3-5 µs, the final phase 22.6 µs over 40,000 rows and 31.0 over 100,000.
+# tsqr panels: a level's factorization per column, an expansion, the final phase (docs/decisions.md#costmodel-tsqr)
 TSQR_US_PER_COLUMN = 0.95
 TSQR_EXPAND_US = 4.0
 TSQR_FINAL_US = 17.0
 TSQR_FINAL_US_PER_ENTRY = 8.75e-6  # per row and column of the panel
 
 
-# A "whole" kernel: about 1.5 µs a column for each wave of resident blocks, fitted on the H200 (BENCHMARKS.md,
-# twenty-fourth session; graph replay): 4000 x 48² 144 µs (1.9 waves of 16 blocks an SM), 2000 x 64² 182 (1.9 of
-# 8), 40 x 176² 271 (one block each), 100 x 64² 85.
+# A "whole" kernel: per column for each wave of resident blocks (docs/decisions.md#costmodel-whole)
 WHOLE_US_PER_COLUMN = 1.5
 
 
@@ -65,8 +51,7 @@ class Estimate:
 
 
 def _column_us(variant: str, threads: int, slots: int, width: int, slice_: int) -> float:
-    if variant == "lanes":  # refitted to one panel alone on the H200 (twenty-first session; scripts/panel_bench.py):
-        # 512 threads, 16 rows a warp 0.92-0.99 µs a column; 704 threads, 16 rows 1.08-1.11
+    if variant == "lanes":  # fitted to one panel alone (docs/decisions.md#costmodel-lanes-and-clusters)
         return 0.23 + 0.025 * (threads // 32) + 0.02 * slots
     if variant == "cols":
         return (2 * slots * slice_ + 10 * slice_ + 40) / CLOCK_HZ * 1e6
@@ -96,12 +81,8 @@ def _rowsplit_us(rows: int, cols: int, width: int, batch: int, passes: int) -> f
                passes * 4.0 * rows * cols * batch / BANDWIDTH) * 1e6 + SPLIT_FIXED_US
 
 
-# The fused panel products (one block per 32 columns per matrix, two resident per SM): about 0.027 µs a row for a
-# block alone at width 32, slower where blocks share SMs. Fitted to the 60 x 1024² panels' launches on the H200
-# (scripts/lanes_timeline.py, fourteenth session): 1024 rows, 32, 64 and 96 columns (60, 120, 180 blocks) 32, 33
-# and 50 µs. Where a launch splits the rows over a cluster (plan/fused.cluster) each block walks its share of
-# them, the blocks' partial W added for free (not fitted: the launches on clusters were timed only as whole
-# factorizations, BENCHMARKS.md, fifteenth session).
+# The fused panel products: a time per row for a block alone, slower where blocks share SMs; where a launch splits
+# the rows over a cluster (plan/fused.cluster) each block walks its share (docs/decisions.md#costmodel-fused)
 FUSED_US_PER_ROW = 0.027
 FUSED_FIXED_US = 5.0
 

@@ -83,8 +83,8 @@ LOOKAHEADS = (0, 2, 32)  # Schedule.lookahead (waves per side piece; 0 off), wit
 REACHES = (False, True)  # Schedule.reach, with lookahead
 
 
-# Panel kernel families searched by default. "cols" ran correct on the GPU but slower than lanes and rows at every
-# shape timed (BENCHMARKS.md, 2026-11-30): opt in with --with-cols.
+# Panel kernel families searched by default; "cols" (correct, slower than lanes and rows where timed) with --with-cols
+# (docs/decisions.md#tune-families).
 FAMILIES = ("rows", "lanes", "tsqr", "whole")
 
 
@@ -101,7 +101,7 @@ WHOLE_VARIATIONS = ((32, 4), (64, 8), (128, 8))  # tried early where a whole ker
 
 # tsqr panels (trees of tiles, for tall panels of few matrices) where a panel has at least two tiles of rows; the
 # other panels as the default heuristic's. Warm start: 16 columns on 256 threads, tiles of 512 rows, column loop
-# (the best of the variants measured on the H200 at 1 x 100000x32 and 1 x 40000x256, BENCHMARKS.md, 13th session).
+# (docs/decisions.md#tsqr-warm).
 TSQR_WIDTHS = (8, 16, 32)
 
 
@@ -301,8 +301,7 @@ def _with_reach(problem: Problem, params: dict) -> dict:
 
 def _aggregate_variations(problem: Problem, params: dict) -> list[dict]:
     """The default with the neighbouring aggregate sizes (half and twice its own; 64 and 128 where it has none, from
-    256 columns), with lookahead 2: by hand, 640 x 512² ran 5.3% faster with aggregates of 64 and lookahead 2 than
-    without aggregates, which 76 sampled trials had not found (BENCHMARKS.md, eleventh session)."""
+    256 columns), with lookahead 2: points sampled trials had missed (docs/decisions.md#aggregate-variations)."""
     own = params["aggregate"]
     if own:
         sizes = [a for a in (own // 2, own * 2) if a in AGGREGATES and a < problem.k]

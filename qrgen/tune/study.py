@@ -38,8 +38,8 @@ MIN_GAIN = 0.02  # a tuned point replaces the default only when this much faster
 
 # The final round: the fastest few schedules of the study, the default and the schedule file already there are
 # measured again, in turn, RUNOFF_ROUNDS times each; the choice is made on those medians. A trial's first time is
-# the minimum of many noisy ones (the best of 40 trials reads low: 5,109 µs at 60 x 1024² that timed 5,609 beside
-# the committed schedule, BENCHMARKS.md, ninth session), and a file tuned in an earlier study deserves the same run.
+# the minimum of many noisy ones and reads low (docs/decisions.md#final-round), and a file tuned in an earlier study
+# deserves the same run.
 RUNOFF_SIZE = 3
 
 

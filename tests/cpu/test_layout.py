@@ -203,3 +203,13 @@ def test_fused_launches_take_clusters_only_where_the_target_has_them():
     assert {k.blocks for k in plan(schedule, Target("cuda", "sm_80")).kernels if k.variant == "fused"} == {1}
     assert fused.cluster(2, 32, 1024, 132, fused.cluster_sizes(Target("cuda", "sm_80"))) == 1
     assert fused.cluster(2, 32, 1024, 132, fused.cluster_sizes(Target("cuda", "sm_90"))) > 1
+
+
+def test_every_cited_decision_exists():
+    """Code and templates cite measured defaults as docs/decisions.md#<id>: each id is an entry's heading."""
+    import re
+
+    ids = set(re.findall(r"^## (\S+)", (ROOT / "docs" / "decisions.md").read_text(), re.M))
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "templates").rglob("*.*")]
+    cited = {(p.name, c) for p in files for c in re.findall(r"decisions\.md#([a-z0-9-]+)", p.read_text())}
+    assert cited and {(name, c) for name, c in cited if c not in ids} == set()
