@@ -1,5 +1,4 @@
 """No-GPU layer: the kernel bodies are plain C++ headers, and every template renders under the strict environment."""
-from pathlib import Path
 
 import pytest
 
