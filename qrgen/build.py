@@ -60,17 +60,16 @@ def render_module(problem: Problem, target: Target, schedule_root: Path | None =
     return name, text, sources, schedule, origin
 
 
-def generate(problem: Problem, target: Target, out_dir: Path | None = None,
-             schedule_root: Path | None = None) -> Generated:
-    out_dir = Path(out_dir or generated_dir())
-    name, text, sources, schedule, origin = render_module(problem, target, schedule_root)
+def write_module(name: str, text: str, sources: dict, target: Target, out_dir: Path) -> tuple[Path, tuple]:
+    """The module and its kernel sources under out_dir (kernels a previous schedule needed and this one does not
+    removed); returns (module path, kernel paths)."""
     kernel_dir = out_dir / name
     kernel_paths = []
     for kernel, source in sources.items():
         path = kernel_dir / f"{kernel}{target.record.suffix}"
         write_if_changed(path, source)
         kernel_paths.append(path)
-    if kernel_dir.exists():  # kernels a previous schedule needed and this one does not
+    if kernel_dir.exists():
         for stale in kernel_dir.glob(f"*{target.record.suffix}"):
             if stale not in kernel_paths:
                 stale.unlink()
@@ -79,18 +78,27 @@ def generate(problem: Problem, target: Target, out_dir: Path | None = None,
     init = out_dir / "__init__.py"
     if not init.exists():
         write_if_changed(init, '"""Modules written by `qrgen build`."""\n')
-    return Generated(name, module_path, tuple(kernel_paths), schedule, origin)
+    return module_path, tuple(kernel_paths)
+
+
+def generate(problem: Problem, target: Target, out_dir: Path | None = None,
+             schedule_root: Path | None = None) -> Generated:
+    """Render and write a module and its kernel sources (nothing compiled)."""
+    name, text, sources, schedule, origin = render_module(problem, target, schedule_root)
+    module_path, kernel_paths = write_module(name, text, sources, target, Path(out_dir or generated_dir()))
+    return Generated(name, module_path, kernel_paths, schedule, origin)
 
 
 def build(problem: Problem, target: Target, out_dir: Path | None = None, schedule_root: Path | None = None,
           compile_kernels: bool = True, jobs: int | None = None, log=print) -> tuple[Generated, list[Binary]]:
+    """Render, compile every kernel, and only then write the module and its sources: a kernel that does not compile
+    leaves nothing written (the error names it, with the compiler's first errors)."""
     start = time.perf_counter()
-    gen = generate(problem, target, out_dir, schedule_root)
-    log(f"schedule for {problem.m}x{problem.n}, batch {problem.batch}, {target.arch}: {gen.origin}")
-    log(f"  {gen.schedule.describe()}")
+    name, text, sources, schedule, origin = render_module(problem, target, schedule_root)
+    log(f"schedule for {problem.m}x{problem.n}, batch {problem.batch}, {target.arch}: {origin}")
+    log(f"  {schedule.describe()}")
     binaries: list[Binary] = []
     if compile_kernels:
-        sources = [(p.stem, p.read_text()) for p in gen.kernel_paths]
         log(f"compiling {len(sources)} kernel(s) with NVRTC for {target.arch}")
 
         def report(b: Binary) -> None:
@@ -98,7 +106,8 @@ def build(problem: Problem, target: Target, out_dir: Path | None = None, schedul
             log(f"  {b.name}: {b.registers} registers, {b.spill_bytes} bytes spilled, "
                 f"{b.stack_bytes} bytes stack ({how})")
 
-        binaries = compile_many(sources, target, jobs=jobs, progress=report)
-    log(f"wrote {gen.module_path} and {len(gen.kernel_paths)} kernel source(s) in "
-        f"{gen.module_path.with_suffix('')}/ ({time.perf_counter() - start:.1f} s)")
-    return gen, binaries
+        binaries = compile_many(list(sources.items()), target, jobs=jobs, progress=report)
+    module_path, kernel_paths = write_module(name, text, sources, target, Path(out_dir or generated_dir()))
+    log(f"wrote {module_path} and {len(kernel_paths)} kernel source(s) in "
+        f"{module_path.with_suffix('')}/ ({time.perf_counter() - start:.1f} s)")
+    return Generated(name, module_path, kernel_paths, schedule, origin), binaries

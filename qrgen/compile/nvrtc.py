@@ -25,10 +25,17 @@ class Binary:
     log: str
 
 
-def version() -> tuple[int, int]:
-    from cupy_backends.cuda.libs import nvrtc
+def _library():
+    """CuPy's NVRTC binding, or a RuntimeError naming what to install."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as exc:
+        raise RuntimeError(f"compiling CUDA kernels needs CuPy and NVRTC ({exc}): pip install 'qrgen[cuda]'") from None
+    return nvrtc
 
-    return tuple(nvrtc.getVersion())
+
+def version() -> tuple[int, int]:
+    return tuple(_library().getVersion())
 
 
 def options(arch: str) -> tuple[str, ...]:
@@ -51,15 +58,20 @@ def parse_report(log: str) -> tuple[int, int, int]:
             int(stack.group(1)) if stack else 0)
 
 
-def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
-    from cupy_backends.cuda.libs import nvrtc
+ERROR_LINES = 12  # of the compiler's log in the error of a kernel that does not compile
 
+
+def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
+    nvrtc = _library()
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
     try:
         try:
             nvrtc.compileProgram(prog, list(options(arch)))
         except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"NVRTC failed to compile {name} for {arch}:\n{nvrtc.getProgramLog(prog)}") from exc
+            log = nvrtc.getProgramLog(prog).splitlines()
+            first = [line for line in log if "error" in line][:ERROR_LINES] or log[:ERROR_LINES]
+            raise RuntimeError(f"NVRTC failed to compile {name} for {arch} ({sum('error' in x for x in log)} "
+                               f"error line(s); the first):\n" + "\n".join(first)) from exc
         return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
