@@ -11,6 +11,10 @@ from .problem import Problem, parse_case, parse_shape
 from .targets import Target
 
 
+QR_HEADER = ("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg.qr µs | speed-up over torch |\n"
+             "|---|---:|---:|---:|---:|")
+
+
 def _default_arch() -> str:
     try:
         import cupy
@@ -183,10 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
         return 0
     return 2  # pragma: no cover
-
-
-QR_HEADER = ("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg.qr µs | speed-up over torch |\n"
-             "|---|---:|---:|---:|---:|")
 
 
 def _markdown(args) -> int:

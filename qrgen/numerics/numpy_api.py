@@ -51,6 +51,10 @@ def _mode(mode: str) -> str:
     return mode
 
 
+def _identity(lead: tuple, m: int, cols: int, dtype) -> np.ndarray:
+    return np.broadcast_to(np.eye(m, cols, dtype=dtype), lead + (m, cols)).copy()
+
+
 def _batch(x: np.ndarray) -> int:
     return math.prod(x.shape[:-2])
 
@@ -67,8 +71,8 @@ def householder_product(h, tau, complete: bool = False) -> np.ndarray:
     tau = np.asarray(tau, dtype=dtype)
     m, n = h.shape[-2:]
     cols = m if complete else min(m, n)
-    if h.size == 0 or cols == 0:
-        return np.zeros(h.shape[:-2] + (m, cols), dtype) + (np.eye(m, cols, dtype=dtype) if h.size == 0 else 0)
+    if h.size == 0:  # no reflectors: the identity's columns
+        return _identity(h.shape[:-2], m, cols, dtype)
     q = qmatrix.householder_product(h.astype(dtype).reshape(_batch(h), m, n), tau.reshape(_batch(h), -1), complete)
     return q.reshape(*h.shape[:-2], m, q.shape[-1])
 
@@ -101,7 +105,7 @@ def qr(a, mode: str = "reduced", dtype=None):
     rows = m if mode == "complete" else k
     if h.size == 0:
         r = np.zeros(lead + (rows, n), dtype)
-        return r if mode == "r" else QRResult(np.zeros(lead + (m, rows), dtype) + np.eye(m, rows, dtype=dtype), r)
+        return r if mode == "r" else QRResult(_identity(lead, m, rows, dtype), r)
     h3 = h.reshape(_batch(a), m, n)
     r = qmatrix.r_factor(h3, complete=mode == "complete").reshape(*lead, -1, n)
     if mode == "r":

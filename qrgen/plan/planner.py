@@ -2,11 +2,11 @@
 checking that the target can run every kernel (registers, shared memory, cluster sizes, features)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..targets import Target
 from . import fused, rowsplit, scale, tf32x3, tmat
-from .family import panel_family
+from .family import panel_family, register_cap
 from .layout import aggregates, kept_blocks
 from .lanes import fused_q_kernel
 from .specs import KernelSpec, Launch, Plan
@@ -24,8 +24,6 @@ class PanelResources:
 
 def resources(schedule, index: int, target: Target) -> PanelResources:
     """What panel `index` of the schedule needs of a block, and the register cap the target allows it."""
-    from .family import register_cap
-
     panel = schedule.panels[index]
     c0 = schedule.starts()[index]
     rows = schedule.m - c0
@@ -116,6 +114,4 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
 
 
 def _named(spec: KernelSpec, columns: list[int]) -> KernelSpec:
-    from dataclasses import replace
-
     return replace(spec, name=panel_family(spec.variant).name(spec), columns=tuple(columns))

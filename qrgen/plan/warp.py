@@ -8,10 +8,11 @@ from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 VARIANT = "warp"
 LOOP = True
 CLUSTER = False
-REG_OVERHEAD = 40
+REG_OVERHEAD = rows.REG_OVERHEAD
 
-slots, shared_bytes, spec_shared, vec, name, describe, render = (
-    rows.slots, rows.shared_bytes, rows.spec_shared, rows.vec, rows.name, rows.describe, rows.render)
+# a rows panel on one warp in all but its checks and features
+slots, registers, shared_bytes, spec_shared, vec, name, describe, render = (
+    rows.slots, rows.registers, rows.shared_bytes, rows.spec_shared, rows.vec, rows.name, rows.describe, rows.render)
 
 
 def check(panel) -> None:
@@ -20,10 +21,6 @@ def check(panel) -> None:
     family.check_no(panel, "tile", "slice")
     if panel.threads != 32 or panel.blocks != 1:
         raise ValueError("Panel variant 'warp' takes threads=32 and blocks=1")
-
-
-def registers(panel, rows_: int) -> int:
-    return slots(panel, rows_) * panel.width + panel.width + REG_OVERHEAD
 
 
 def features(panel) -> tuple[str, ...]:

@@ -211,7 +211,7 @@ class CudaEngine:
         """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
         (timed as the stage "project")."""
         stop = self._mark("project", None)
-        cluster = fused.cluster(self.nb, nc, rows, self.ws.sms, fused.cluster_sizes(self.fac.target))
+        cluster = fused.cluster(self.nb, nc, rows, self.ws.sms, self.fac.fused_clusters)
         name = fused.name(width, cluster)
         _, func = self.funcs[name]
         ptr = self.ptrs

@@ -6,6 +6,7 @@ import math
 import threading
 
 from ..compile.nvrtc import Binary, compile_many
+from ..plan import fused
 from ..plan.family import PANEL_SIGNATURE
 from ..plan.planner import plan
 from ..render.sources import render_all
@@ -27,6 +28,7 @@ class Factorizer:
         self.m, self.n, self.k = m, n, min(m, n)
         self.schedule = schedule
         self.target = target
+        self.fused_clusters = fused.cluster_sizes(target)  # what its fused launches may take
         # keep: every panel's (or aggregate's) V^T and (VT)^T kept in a region of its own, from which Q is formed
         # after the factorization (run/sequence.drive_q)
         self.keep = keep

@@ -13,15 +13,13 @@ from .records import (ASYNC_COPY, CLUSTERS, COOPERATIVE, FEATURES, MBARRIER, TF3
                       Limits)
 
 
-def backends() -> dict:
-    return {cuda.BACKEND.name: cuda.BACKEND, cpu.BACKEND.name: cpu.BACKEND}
+BACKENDS = {cuda.BACKEND.name: cuda.BACKEND, cpu.BACKEND.name: cpu.BACKEND}
 
 
 def backend(name: str) -> Backend:
-    known = backends()
-    if name not in known:
-        raise ValueError(f"Target.backend must be one of {tuple(known)}, got {name!r}")
-    return known[name]
+    if name not in BACKENDS:
+        raise ValueError(f"Target.backend must be one of {tuple(BACKENDS)}, got {name!r}")
+    return BACKENDS[name]
 
 
 @dataclass(frozen=True)
