@@ -126,9 +126,10 @@ def householder_product(h, tau, complete: bool = False, *, precision: str | None
     return arrs["h"].wrap(q.reshape(*lead, m, q.shape[-1]))
 
 
-def ormqr(h, tau, c, side: str = "L", transpose: bool = False, *, factorizer=None):
+def ormqr(h, tau, c, side: str = "L", transpose: bool = False, *, left: bool | None = None, factorizer=None):
     """op(Q) C (side "L", C of shape (..., m, p)) or C op(Q) (side "R", C of shape (..., p, m)), op(Q) = Q^T when
-    transpose, without forming Q."""
+    transpose, without forming Q; `left` as torch.ormqr takes it (True: side "L", False: "R")."""
+    side = side if left is None else ("L" if left else "R")
     if side not in qmatrix.SIDES:
         raise ValueError(f"side must be one of {qmatrix.SIDES}, got {side!r}")
     arrs = _arrays(h=h, tau=tau, c=c)

@@ -47,10 +47,9 @@ def write_if_changed(path: Path, text: str) -> None:
 def render_module(problem: Problem, target: Target, schedule_root: Path | None = None):
     """(module name, module text, {kernel name: source}, schedule, origin) without touching the disk."""
     schedule, origin = find(problem, target, schedule_root)
-    root = Path(schedule_root or schedule_dir()).resolve()
-    if origin != "default (heuristic)":
-        path = Path(origin).resolve()
-        origin = f"schedules/{path.relative_to(root).as_posix()}" if path.is_relative_to(root) else path.name
+    if origin != "default (heuristic)":  # a shipped file by its place in the repository, any other by its path
+        path, shipped = Path(origin).resolve(), schedule_dir().resolve()
+        origin = f"schedules/{path.relative_to(shipped).as_posix()}" if path.is_relative_to(shipped) else str(path)
     name = module_name(problem, target)
     sources = {r.name: r.source for r in render_all(schedule, target)}
     text = environment().get_template("python/module.py.j2").render(

@@ -15,15 +15,36 @@ QR_HEADER = ("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg
              "|---|---:|---:|---:|---:|")
 
 
-def _default_arch() -> str:
+def _default_target() -> Target:
+    """This machine's first GPU (run.launch.device_target), else the H200's sm_90."""
     try:
         import cupy
 
         if cupy.cuda.runtime.getDeviceCount() > 0:
-            return f"sm_{cupy.cuda.Device(0).compute_capability}"
-    except Exception:  # no driver or no device: build for the H200
+            from .run.launch import device_target
+
+            return device_target(0)
+    except Exception:  # no driver, no device or no NVRTC: build for the H200
         pass
-    return "sm_90"
+    return Target("cuda", "sm_90")
+
+
+def _folder(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory (a schedule folder holds one folder per "
+                                         f"architecture, such as sm_90/)")
+    return path
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of trials (0 or more), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of trials (0 or more), got {value}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -63,18 +84,20 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=_positive, default=1,
                    help="number of matrices the schedule is chosen for (the module takes any batch); default 1")
     b.add_argument("--arch", default=None,
-                   help="target architecture such as sm_90; default: this machine's GPU, else sm_90")
+                   help="target architecture such as sm_90 or sm_80 (one the installed NVRTC compiles for); "
+                        "default: this machine's GPU, else sm_90")
     b.add_argument("--out", type=Path, default=None, help="directory for the module (default: ./generated)")
-    b.add_argument("--schedules", type=Path, default=None,
-                   help="directory of schedule files, one folder per arch (default: the shipped schedules/)")
+    b.add_argument("--schedules", type=_folder, default=None,
+                   help="an existing directory of schedule files, one folder per arch, searched alone (default: the "
+                        "user's schedule folder, $QRGEN_SCHEDULE_DIR, then the shipped schedules)")
     b.add_argument("--no-compile", action="store_true", help="write the module and sources, compile nothing")
     b.add_argument("--jobs", type=_positive, default=None, help="kernels compiled at once (default: CPU count)")
-    b.add_argument("--trials", type=int, default=0,
+    b.add_argument("--trials", type=_count, default=0,
                    help="search the schedule first with this many trials (`qrgen tune`): measured on the GPU where "
                         "there is one, else over the cost model; default 0 (use the tuned file or the default)")
     b.add_argument("--storage", default=None, help="optuna storage URL for --trials (default: SQLite in the cache)")
 
-    t = sub.add_parser("tune", help="search a shape's schedule with optuna and save it under schedules/<arch>/",
+    t = sub.add_parser("tune", help="search a shape's schedule with optuna and save it in the user's schedule folder",
                        description="Search panel widths, panel kernels and stage precisions for one shape and "
                                    "batch: the objective is the median time on the GPU (or the cost model's "
                                    "estimate without one), the constraint is that every stress family passes the "
@@ -82,8 +105,11 @@ def parser() -> argparse.ArgumentParser:
                                    "optuna study (resumed when run again; Ctrl-C leaves it saved). A final round "
                                    "times the study's three fastest schedules, the default and the file already "
                                    "there again, three times each, in turn; the fastest on those medians is "
-                                   "written as schedules/<arch>/<m>x<n>_b<batch>.json unless it is not 2% "
-                                   "faster than that file (then the file is kept).")
+                                   "written as <arch>/<m>x<n>_b<batch>.json in the user's schedule folder "
+                                   "($QRGEN_SCHEDULE_DIR, else ~/.local/share/qrgen/schedules; --schedules "
+                                   "names another, such as a checkout's schedules/) unless it is not 2% faster "
+                                   "than the file that serves the shape now (then nothing is written). Ctrl-C "
+                                   "stops the search, runs the final round and exits with status 130.")
     t.add_argument("--shape", type=_shape, required=True, metavar="MxN", help="matrix shape, such as 1024x1024")
     t.add_argument("--batch", type=_positive, default=1, help="number of matrices (default 1)")
     t.add_argument("--trials", type=_positive, default=50, help="trials to run now (default 50)")
@@ -92,7 +118,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--arch", default=None, help="target architecture (default: this machine's GPU, else sm_90)")
     t.add_argument("--storage", default=None,
                    help="optuna storage URL (default: SQLite in the cache directory, $QRGEN_CACHE_DIR)")
-    t.add_argument("--schedules", type=Path, default=None, help="schedule directory (default: schedules/)")
+    t.add_argument("--schedules", type=_folder, default=None,
+                   help="an existing schedule directory to search and write (default: the user's schedule folder, "
+                        "searched before the shipped one)")
     t.add_argument("--multi-objective", action="store_true",
                    help="minimize time and the worst scaled residual together and print the Pareto front")
     t.add_argument("--cost-model", action="store_true", help="search over the cost model even where a GPU is present")
@@ -140,21 +168,31 @@ def main(argv: list[str] | None = None) -> int:
         m, n = args.shape
         try:
             problem = Problem(m, n, args.batch)
-            target = Target.parse(args.arch or _default_arch())
+            target = Target.parse(args.arch) if args.arch else _default_target()
+            cost_model = getattr(args, "cost_model", False)
+            if (args.command == "build" and not args.no_compile) or (args.command == "tune" and not cost_model):
+                from .compile.nvrtc import check_arch
+
+                check_arch(target)  # before anything is searched, compiled or written
+            interrupted = False
             if args.command == "tune" or args.trials > 0:
-                cost_model = getattr(args, "cost_model", False)
-                tune_and_save(problem, target, args.trials, args.storage, getattr(args, "multi_objective", False),
-                              args.schedules, getattr(args, "seed", 0),
-                              evaluator=ModelEvaluator(problem) if cost_model else None,
-                              families=ALL_FAMILIES if getattr(args, "with_cols", False) else FAMILIES,
-                              time_limit=getattr(args, "time_limit", None))
-            if args.command == "build":
+                result, _ = tune_and_save(problem, target, args.trials, args.storage,
+                                          getattr(args, "multi_objective", False), args.schedules,
+                                          getattr(args, "seed", 0),
+                                          evaluator=ModelEvaluator(problem) if cost_model else None,
+                                          families=ALL_FAMILIES if getattr(args, "with_cols", False) else FAMILIES,
+                                          time_limit=getattr(args, "time_limit", None))
+                interrupted = result.interrupted
+            if args.command == "build" and not interrupted:
                 build(problem, target, args.out, args.schedules, compile_kernels=not args.no_compile,
                       jobs=args.jobs)
+        except KeyboardInterrupt:
+            print(f"qrgen {args.command}: interrupted in the final round: nothing written", file=sys.stderr)
+            return 130
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"qrgen {args.command}: error: {exc}", file=sys.stderr)
             return 2
-        return 0
+        return 130 if interrupted else 0
     if args.command == "bench":
         from .bench import QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, profile_case, run_case, run_qr_case, table
 

@@ -1,11 +1,13 @@
 """What a generated module (generated/qr_<m>x<n>_b<batch>.py) runs on: its schedule, its target and its kernel
-sources beside it."""
+sources beside it. On a GPU of another architecture than the module's, the same schedule is rendered and compiled
+for that GPU where it fits there (a module for sm_80 runs on an H100), else the call says to rebuild."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from . import api
 from .run import fastpath
+from .plan.planner import check
 from .run.factorizer import Factorizer
 from .schedule.model import Schedule
 from .targets import Target
@@ -21,6 +23,16 @@ class GeneratedModule:
     def _get(self):
         if self._factorizer is None:
             target = Target.parse(self.arch)
+            here = _device_target()
+            if here is not None and here.arch != target.arch:
+                try:
+                    check(self.schedule, here)
+                except ValueError as exc:
+                    raise RuntimeError(f"this module was built for {self.arch}; this GPU is {here.arch}, which cannot "
+                                       f"run its schedule ({exc}): qrgen build --shape {self.m}x{self.n} --batch "
+                                       f"{self.batch} --arch {here.arch}") from None
+                self._factorizer = Factorizer(self.m, self.n, self.schedule, here)
+                return self._factorizer
             sources = {}
             for k in Factorizer(self.m, self.n, self.schedule, target).kernels:
                 path = self.kernel_dir / f"{k.name}.cu"
@@ -50,3 +62,15 @@ class GeneratedModule:
 
     def ormqr(self, h, tau, c, side: str = "L", transpose: bool = False):
         return api.ormqr(h, tau, c, side, transpose, factorizer=self._get())
+
+
+def _device_target() -> Target | None:
+    """The current CUDA device's target, or None where there is no device."""
+    try:
+        import cupy
+
+        from .run.launch import device_target
+
+        return device_target(cupy.cuda.Device().id)
+    except Exception:
+        return None

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 
@@ -25,3 +27,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_user_schedule_folder(tmp_path_factory):
+    """The user's schedule folder (searched before the shipped schedules, written by qrgen tune) is an empty one
+    of the test run's, so no test reads or writes the real one."""
+    os.environ["QRGEN_SCHEDULE_DIR"] = str(tmp_path_factory.mktemp("user-schedules"))
+    # One kernel cache for the compile tests of a run (set QRGEN_TEST_CACHE_DIR to keep it between runs): a kernel
+    # that several tests compile, such as sm_90's in the per-arch and per-family tests, is compiled once.
+    os.environ.setdefault("QRGEN_TEST_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+    yield

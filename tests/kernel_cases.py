@@ -7,17 +7,16 @@ from qrgen.schedule.model import Panel, Schedule
 from qrgen.schedule.panels import lanes_panel
 
 
-def nvrtc_available() -> bool:
-    try:
-        from qrgen.compile.nvrtc import version
+def cupy_installed() -> bool:
+    from importlib.util import find_spec
 
-        version()
-        return True
-    except Exception:
-        return False
+    return find_spec("cupy") is not None
 
 
-needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed (pip install -e .[cuda])")
+# The compile tests skip only where the [cuda] extra is not installed at all (no CuPy); with CuPy there, an NVRTC
+# that does not load fails them (test_nvrtc_loads_where_cupy_is_installed says why), so CI cannot go green compiling
+# nothing.
+needs_nvrtc = pytest.mark.skipif(not cupy_installed(), reason="CuPy is not installed (pip install -e .[cuda])")
 
 
 def lanes_schedule(m, n, width, slots, aggregate=0, blocks=1):

@@ -24,7 +24,7 @@ import argparse
 from qrgen.bench import graph_time_us, median_time_us, profile_case
 from qrgen.problem import Problem
 from qrgen.run.factorizer import Factorizer
-from qrgen.schedule.files import find, load, schedule_path, tuner_params
+from qrgen.schedule.files import find, load, lookup, tuner_params
 from qrgen.tune.space import DEFAULT_PARAMS, default_params, schedule_from_params
 from tools import cases
 
@@ -35,8 +35,8 @@ def point_schedule(problem: Problem, target, point: dict):
     """The schedule of a point of the tuning space: its KEY=VALUE pairs over the base point that from= names."""
     point = dict(point)
     base = point.pop("from", None)
-    path = schedule_path(problem, target)
-    tuned = tuner_params(load(path)[1]) if path.exists() else None
+    path = lookup(problem, target)  # the file that serves the case (its batch's, or a near batch's)
+    tuned = tuner_params(load(path)[1]) if path is not None else None
     if base not in (None,) + BASES:
         raise ValueError(f"from= takes one of {BASES}, got {base!r}")
     if base == "tuned" and tuned is None:

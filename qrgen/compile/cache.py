@@ -1,18 +1,25 @@
 """The on-disk cache of compiled kernels, content-addressed: the key hashes everything that changes the binary
-(the rendered source, the compiler's version, the arch, the options and qrgen's version). Entries are written to a
-temporary file and renamed into place; an entry that does not parse is rebuilt."""
+(the rendered source, the compiler's version, the arch, the options and qrgen's version). Each entry holds the
+binary (cubin, or PTX), the compiler's log and a SHA-256 digest of the binary, and is written to a temporary file
+renamed into place. An entry that is cut short, altered or of an older format fails verification: read_entry warns
+and returns None, and the caller compiles again and replaces it."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 from ..paths import cache_dir
 from ..version import __version__
 
-MAGIC = b"QRGENCUBIN1\n"
+MAGIC = b"QRGENBIN2\n"
+
+
+class CacheWarning(UserWarning):
+    """A kernel cache entry was damaged or refused, and is rebuilt."""
 
 
 def key(source: str, arch: str, options: tuple[str, ...], compiler: tuple[int, ...], version: str = __version__) -> str:
@@ -22,33 +29,45 @@ def key(source: str, arch: str, options: tuple[str, ...], compiler: tuple[int, .
 
 
 def entry_path(name: str, arch: str, digest: str) -> Path:
-    return cache_dir() / arch / f"{name}-{digest[:32]}.cubin"
+    return cache_dir() / arch / f"{name}-{digest[:32]}.bin"
+
+
+def _verified(data: bytes) -> tuple[bytes, str]:
+    """(binary, log) of an entry's bytes; ValueError naming what does not verify."""
+    if not data.startswith(MAGIC):
+        raise ValueError("not a qrgen kernel cache entry of this format")
+    start = len(MAGIC) + 8
+    header_len = int.from_bytes(data[len(MAGIC):start], "little")
+    header = json.loads(data[start:start + header_len].decode())
+    binary = data[start + header_len:]
+    if len(binary) != header["size"]:
+        raise ValueError(f"{len(binary)} bytes of binary where {header['size']} were written")
+    if hashlib.sha256(binary).hexdigest() != header["sha256"]:
+        raise ValueError("the binary's digest does not match the one written with it")
+    return binary, header["log"]
 
 
 def read_entry(path: Path) -> tuple[bytes, str] | None:
-    """(binary, compile log) of an entry, or None where it is missing or does not parse."""
+    """(binary, compile log) of an entry that verifies; None where it is missing, or (with a CacheWarning) where it
+    does not verify."""
     try:
         data = path.read_bytes()
-        if not data.startswith(MAGIC):
-            return None
-        header_len = int.from_bytes(data[len(MAGIC):len(MAGIC) + 8], "little")
-        start = len(MAGIC) + 8
-        log = data[start:start + header_len].decode()
-        binary = data[start + header_len:]
-        if not binary.startswith(b"\x7fELF"):
-            return None
-        return binary, log
-    except (OSError, ValueError, UnicodeDecodeError):
+    except OSError:
+        return None
+    try:
+        return _verified(data)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        warnings.warn(f"kernel cache entry {path} is damaged ({exc}): compiling it again", CacheWarning, stacklevel=3)
         return None
 
 
 def write_entry(path: Path, binary: bytes, log: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    blob = log.encode()
+    header = json.dumps({"log": log, "size": len(binary), "sha256": hashlib.sha256(binary).hexdigest()}).encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(MAGIC + len(blob).to_bytes(8, "little") + blob + binary)
+            fh.write(MAGIC + len(header).to_bytes(8, "little") + header + binary)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -25,12 +25,28 @@ class Binary:
     log: str
 
 
+def install_hint() -> str:
+    """The pip command that brings a working CuPy, NVRTC and cuBLAS for the CUDA major already installed."""
+    from importlib import metadata
+
+    for major in (13, 12):
+        try:
+            metadata.version(f"cupy-cuda{major}x")
+            return f"pip install 'qrgen[cuda{major}]'"
+        except metadata.PackageNotFoundError:
+            continue
+    return "pip install 'qrgen[cuda]' (CUDA 13, driver 580 or newer) or 'qrgen[cuda12]' (driver 525 or newer)"
+
+
 def _library():
-    """CuPy's NVRTC binding, or a RuntimeError naming what to install."""
+    """CuPy's NVRTC binding with NVRTC loaded, or a RuntimeError naming what to install."""
     try:
         from cupy_backends.cuda.libs import nvrtc
-    except ImportError as exc:
-        raise RuntimeError(f"compiling CUDA kernels needs CuPy and NVRTC ({exc}): pip install 'qrgen[cuda]'") from None
+
+        nvrtc.getVersion()  # loads libnvrtc: CuPy imports without it
+    except Exception as exc:
+        raise RuntimeError(f"compiling CUDA kernels needs CuPy and NVRTC, which did not load ({exc}): "
+                           f"{install_hint()}") from None
     return nvrtc
 
 
@@ -38,13 +54,28 @@ def version() -> tuple[int, int]:
     return tuple(_library().getVersion())
 
 
-def options(arch: str) -> tuple[str, ...]:
-    return (f"--gpu-architecture={arch}",) + OPTIONS
+def supported_archs() -> tuple[str, ...]:
+    """The architectures the installed NVRTC compiles for ('sm_80', ...)."""
+    return tuple(f"sm_{a}" for a in _library().getSupportedArchs())
+
+
+def check_arch(target) -> None:
+    """A ValueError, before anything is compiled or written, where the installed NVRTC cannot compile for the
+    target's architecture."""
+    number = target.arch.removeprefix("sm_").rstrip("a")
+    if f"sm_{number}" not in supported_archs():
+        raise ValueError(f"the installed NVRTC {'.'.join(map(str, version()))} does not compile for {target.arch} "
+                         f"(it knows {', '.join(supported_archs())}); a newer CUDA's NVRTC does: {install_hint()}")
+
+
+def options(arch: str, ptx: bool = False) -> tuple[str, ...]:
+    """NVRTC's options: a cubin for the architecture, or with ptx=True PTX for its virtual architecture."""
+    return (f"--gpu-architecture={arch.replace('sm_', 'compute_') if ptx else arch}",) + OPTIONS
 
 
 def cache_key(source: str, arch: str, opts: tuple[str, ...] | None = None, compiler: tuple[int, int] | None = None,
-              version_: str = __version__) -> str:
-    return cache.key(source, arch, options(arch) if opts is None else opts,
+              version_: str = __version__, ptx: bool = False) -> str:
+    return cache.key(source, arch, options(arch, ptx) if opts is None else opts,
                      version() if compiler is None else compiler, version_)
 
 
@@ -61,31 +92,37 @@ def parse_report(log: str) -> tuple[int, int, int]:
 ERROR_LINES = 12  # of the compiler's log in the error of a kernel that does not compile
 
 
-def nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
+def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False) -> tuple[bytes, str]:
+    """(cubin, or PTX with ptx=True, and the compiler's log)."""
     nvrtc = _library()
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
     try:
         try:
-            nvrtc.compileProgram(prog, list(options(arch)))
+            nvrtc.compileProgram(prog, list(options(arch, ptx)))
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog).splitlines()
             first = [line for line in log if "error" in line][:ERROR_LINES] or log[:ERROR_LINES]
             raise RuntimeError(f"NVRTC failed to compile {name} for {arch} ({sum('error' in x for x in log)} "
                                f"error line(s); the first):\n" + "\n".join(first)) from exc
+        if ptx:  # the driver's loader reads PTX as a NUL-terminated string
+            return nvrtc.getPTX(prog).rstrip(b"\0") + b"\0", nvrtc.getProgramLog(prog)
         return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
 
 
-def compile_source(name: str, source: str, arch: str, use_cache: bool = True) -> Binary:
-    path = cache.entry_path(name, arch, cache_key(source, arch))
-    if use_cache:
+def compile_source(name: str, source: str, arch: str, use_cache: bool = True, ptx: bool = False,
+                   refresh: bool = False) -> Binary:
+    """One kernel through the cache; refresh: compile and replace the entry even where one verifies (the driver
+    refused its binary)."""
+    path = cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx))
+    if use_cache and not refresh:
         entry = cache.read_entry(path)
         if entry is not None:
             cubin, log = entry
             return Binary(name, cubin, *parse_report(log), seconds=0.0, cached=True, log=log)
     start = time.perf_counter()
-    cubin, log = nvrtc_compile(source, name, arch)
+    cubin, log = nvrtc_compile(source, name, arch, ptx)
     seconds = time.perf_counter() - start
     if use_cache:
         cache.write_entry(path, cubin, log)
@@ -94,14 +131,15 @@ def compile_source(name: str, source: str, arch: str, use_cache: bool = True) ->
 
 def compile_many(items: list[tuple[str, str]], target, use_cache: bool = True, jobs: int | None = None,
                  progress=None) -> list[Binary]:
-    """Compile (name, source) pairs for a CUDA target, several at once (NVRTC releases the GIL while it compiles)."""
+    """Compile (name, source) pairs for a CUDA target, several at once (NVRTC releases the GIL while it compiles);
+    the binaries in the order of `items`."""
+    check_arch(target)
     jobs = jobs or max(1, min(len(items), os.cpu_count() or 1))
-    results: dict[str, Binary] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(compile_source, name, src, target.arch, use_cache): name for name, src in items}
+        futures = [pool.submit(compile_source, name, src, target.arch, use_cache, target.ptx) for name, src in items]
+        binaries = []
         for future in futures:
-            binary = future.result()
-            results[binary.name] = binary
+            binaries.append(future.result())
             if progress is not None:
-                progress(binary)
-    return [results[name] for name, _ in items]
+                progress(binaries[-1])
+    return binaries

@@ -20,7 +20,8 @@ GRAM_BATCHED_BELOW = 132  # batches under this (the H200's SM count) get all blo
 
 # Products on device arrays come from the backend that holds them: qrgen.run.device_ops registers CuPy's (cuBLAS, the
 # tf32x3 kernels, the T kernel) under "cupy", each an object with matmul(a, b, subtract_from=None, out=None),
-# tf32x3(a, b, c, alpha, beta) -> bool (False: not taken) and tmatrix(gram, tau).
+# tf32x3(a, b, c, alpha, beta) -> bool (False: not taken), tmatrix(gram, tau) and t_max() (the most reflectors
+# tmatrix takes on the current device).
 DEVICE_OPS: dict[str, object] = {}
 
 
@@ -150,7 +151,10 @@ def wy_forms(xp, h, tau, block: int, reverse: bool = False):
     Gram matrices V^T V in one product over all m rows (rows above a block are zero in it) and their T in one
     T-kernel launch: block by block, each product would have batch * (w / 128)^2 output tiles, too few for the
     GPU, and each launch its own latency. A larger batch fills the GPU block by block, where the rows above each
-    block stay out of its products and only one block's V is held at a time."""
+    block stay out of its products and only one block's V is held at a time. Blocks are at most the reflectors
+    the device's T kernel takes (its shared memory: fewer on GPUs of 99 KB a block)."""
+    if xp is not np:
+        block = min(block, device_ops(xp).t_max())
     order = list(enumerate(blocks(h.shape[1], h.shape[2], block)))
     if reverse:
         order.reverse()

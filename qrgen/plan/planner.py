@@ -36,6 +36,9 @@ def resources(schedule, index: int, target: Target) -> PanelResources:
 def check(schedule, target: Target) -> None:
     """ValueError naming the panel and what it lacks where the target cannot run a kernel of the schedule."""
     limits = target.limits
+    if schedule.aggregate > tmat.max_reflectors(target):
+        raise ValueError(f"Schedule.aggregate is {schedule.aggregate} columns; the T kernel takes at most "
+                         f"{tmat.max_reflectors(target)} on {target.arch} (its shared memory)")
     for index, panel in enumerate(schedule.panels):
         res = resources(schedule, index, target)
         if res.registers > res.register_cap:
@@ -101,7 +104,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
     elif schedule.panel_update == "fused":
         kernels += [fused.kernel(w, cl) for w in widths for cl in fused.cluster_sizes(target)]
     if any(a.nc > 0 for a in aggs) or (keep and aggs):
-        kernels.append(tmat.kernel())
+        kernels.append(tmat.kernel(target))
     if schedule.scaled:
         kernels.append(scale.kernel())
     kinds = set(tf32x3.kinds(schedule))

@@ -30,8 +30,19 @@ def shared_bytes(a: int) -> int:
     return 4 * ((2 * r1 + r2) * LD + XLD * (h if r2 else r1 - 32))
 
 
-def kernel() -> KernelSpec:
-    return KernelSpec(NAME, "tmat", 0, THREADS, 1, 0, 1, False, 0, shared_bytes(MAX), ())
+def max_reflectors(target) -> int:
+    """The most reflectors the T kernel takes on the target: MAX, or fewer (whole blocks of 32) where a block's
+    shared memory cannot hold MAX's (GPUs of 99 KB a block take 64)."""
+    fits = [a for a in range(32, MAX + 1, 32) if shared_bytes(a) <= target.limits.shared_bytes]
+    if not fits:
+        raise ValueError(f"the T kernel needs {shared_bytes(32)} bytes of shared memory for 32 reflectors; "
+                         f"{target.arch} has {target.limits.shared_bytes}")
+    return fits[-1]
+
+
+def kernel(target) -> KernelSpec:
+    """The T kernel's spec, allowed the shared memory of max_reflectors(target) reflectors."""
+    return KernelSpec(NAME, "tmat", 0, THREADS, 1, 0, 1, False, 0, shared_bytes(max_reflectors(target)), ())
 
 
 def signature(spec: KernelSpec) -> str:
@@ -44,5 +55,5 @@ def features(spec: KernelSpec) -> tuple[str, ...]:
 
 def render(spec: KernelSpec, schedule, target) -> Rendered:
     template = environment().get_template(f"{target.record.template_dir}/tmat.cu.j2")
-    return Rendered(NAME, template.render(version=__version__, arch=target.arch, k=kernel(), blocked_max=BLOCKED_MAX,
+    return Rendered(NAME, template.render(version=__version__, arch=target.arch, k=kernel(target), blocked_max=BLOCKED_MAX,
                                           tmat_max=MAX, ld=LD, xld=XLD))

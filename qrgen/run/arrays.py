@@ -18,6 +18,7 @@ class DeviceArray:
     data: object  # cupy.ndarray
     stream_ptr: int | None  # the caller's current stream (torch), None for CuPy's current stream
     wrap: object = field(default=None)
+    allocator: object = None  # where the call's outputs and workspaces come from (torch's allocator for torch)
 
 
 def describe(a) -> str:
@@ -26,7 +27,13 @@ def describe(a) -> str:
 
 def as_device_array(a) -> DeviceArray:
     """Accept a torch.Tensor, cupy.ndarray or any object with __dlpack__ on a CUDA device, without copying."""
-    import cupy
+    try:
+        import cupy
+    except ImportError as exc:
+        from ..compile.nvrtc import install_hint
+
+        raise RuntimeError(f"qrgen's GPU functions need CuPy ({exc}): {install_hint()}; NumPy arrays go to "
+                           f"qrgen.numerics.numpy_api") from None
 
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(a, torch.Tensor):
@@ -36,7 +43,8 @@ def as_device_array(a) -> DeviceArray:
         if a.is_neg():  # a lazily negated view: its memory holds -a
             a = a.resolve_neg()
         device = a.get_device()
-        return DeviceArray(cupy_view(cupy, a, device), torch_stream(torch, device), torch.from_dlpack)
+        return DeviceArray(cupy_view(cupy, a, device), torch_stream(torch, device), torch_result(torch),
+                           torch_allocator(torch, device))
     if isinstance(a, cupy.ndarray):
         check_dtype(str(a.dtype))
         return DeviceArray(a, None, lambda x: x)
@@ -69,6 +77,43 @@ def cupy_view(cupy, a, device: int):
     return cupy.ndarray(shape, cupy.float32, cupy.cuda.MemoryPointer(memory, 0), strides)
 
 
+_TORCH_ALLOCATORS: dict[int, object] = {}
+
+
+def torch_allocator(torch, device: int):
+    """CuPy allocations from torch's caching allocator on a device, for calls on torch tensors: their outputs and
+    workspaces are memory torch sees and accounts for, and inside a torch.cuda.graph capture they come from the
+    graph's pool, as torch's own would (CuPy's pool would call cudaMalloc, which invalidates a capture)."""
+    malloc = _TORCH_ALLOCATORS.get(device)
+    if malloc is None:
+        import cupy
+
+        where = torch.device("cuda", device)
+
+        def malloc(nbytes: int):
+            block = torch.empty(-(-nbytes // 16) * 16, dtype=torch.uint8, device=where)
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), nbytes, block, device), 0)
+
+        _TORCH_ALLOCATORS[device] = malloc
+    return malloc
+
+
+def torch_result(torch):
+    """Hands a CuPy result back as a torch.Tensor: a view of the torch block it was allocated in (torch_allocator),
+    with no DLPack exchange, whose stream handshake would make the caller's stream wait on CuPy's (an event on
+    uncaptured work, which a torch.cuda.graph capture refuses); DLPack for memory from elsewhere."""
+    def wrap(x):
+        owner = getattr(x.data.mem, "_owner", None)
+        if not x.size:
+            return torch.empty(x.shape, dtype=torch.float32, device=torch.device("cuda", x.device.id))
+        if isinstance(owner, torch.Tensor):  # a tensor of its own on the block's storage (not a view of it)
+            out = torch.empty(0, dtype=torch.float32, device=owner.device)
+            return out.set_(owner.untyped_storage(), (x.data.ptr - owner.data_ptr()) // 4, x.shape,
+                            tuple(s // 4 for s in x.strides))
+        return torch.from_dlpack(x)
+    return wrap
+
+
 def torch_stream(torch, device: int) -> int:
     """The handle of torch's current stream on a device (torch's raw accessor where it has one: a Stream object
     costs host time, docs/decisions.md#torch-without-dlpack)."""
@@ -95,6 +140,8 @@ def on_caller_stream(arr: DeviceArray):
         else:
             stream = external_stream(arr.stream_ptr)
             scope.enter_context(stream)
+        if arr.allocator is not None:
+            scope.enter_context(cupy.cuda.using_allocator(arr.allocator))
         yield stream
 
 

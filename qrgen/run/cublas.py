@@ -27,8 +27,13 @@ _SCALARS = {value: np.array(value, dtype=np.float32) for value in (1.0, -1.0, 0.
 def _library():
     global _lib
     if _lib is None:
-        import cupy_backends.cuda.libs.cublas  # noqa: F401  (loads libcublas into the process)
+        try:
+            import cupy_backends.cuda.libs.cublas  # noqa: F401  (loads libcublas into the process)
+        except Exception as exc:
+            from ..compile.nvrtc import install_hint
 
+            raise RuntimeError(f"qrgen's trailing updates need cuBLAS, which did not load ({exc}): "
+                               f"{install_hint()}") from None
         for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
             try:
                 lib = ctypes.CDLL(name)
@@ -72,8 +77,10 @@ def _handle(device_id: int, slot: int = 0) -> list:
         with cupy.cuda.Device(device_id):
             handle = ctypes.c_void_p()
             _check(lib.cublasCreate_v2(ctypes.byref(handle)), "create")
-            workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
-            _check(lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES), "set workspace")
+            # from CuPy's own pool, whatever allocator the call runs under: a handle outlives the call (torch's
+            # allocator would hand it memory of a graph's pool where the first call is inside a capture)
+            workspace = cupy.get_default_memory_pool().malloc(WORKSPACE_BYTES)
+            _check(lib.cublasSetWorkspace_v2(handle, workspace.ptr, WORKSPACE_BYTES), "set workspace")
         entry = handles[(device_id, slot)] = [handle, workspace, None, 0]
     return entry
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 
-from ..compile.nvrtc import Binary, compile_many
+from ..compile.nvrtc import Binary, compile_many, compile_source
 from ..plan import fused
 from ..plan.family import PANEL_SIGNATURE
 from ..plan.planner import plan
@@ -49,6 +49,7 @@ class Factorizer:
         self.q_args: dict[int, PackedArgs] = {}
         self.lock = threading.Lock()
         self.binaries: list[Binary] = []
+        self._source_of: dict[str, str] = {}  # kernel name -> source, for a rebuild
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
         self._workspaces: dict[tuple, Workspace] = {}
         self._keep_variant: "Factorizer | None | bool" = False  # not yet made (keep_variant)
@@ -72,8 +73,13 @@ class Factorizer:
             items = [(k.name, self.sources[k.name]) for k in self.kernels]
         else:
             items = [(r.name, r.source) for r in render_all(self.schedule, self.target, keep=self.keep)]
+        self._source_of = dict(items)
         self.binaries = compile_many(items, self.target, use_cache=use_cache, progress=progress)
         return self.binaries
+
+    def _rebuild(self, name: str) -> Binary:
+        """One kernel compiled again, its cache entry replaced (the driver refused the cached binary)."""
+        return compile_source(name, self._source_of[name], self.target.arch, ptx=self.target.ptx, refresh=True)
 
     def functions(self, device_id: int) -> dict:
         """Kernel name -> (module, function) on a device, built and loaded on first use."""
@@ -86,7 +92,8 @@ class Factorizer:
             if not self.binaries:
                 self.build()
             specs = {k.name: k for k in self.kernels}
-            funcs = {b.name: load_function(b, self.shared_bytes[b.name], specs[b.name]) for b in self.binaries}
+            funcs = {b.name: load_function(b, self.shared_bytes[b.name], specs[b.name],
+                                           rebuild=lambda name=b.name: self._rebuild(name)) for b in self.binaries}
             self._functions[device_id] = funcs
             return funcs
 
@@ -183,7 +190,11 @@ class Factorizer:
         key = (device_id, a.shape[0], stream.ptr)
         workspace = self._workspaces.get(key)
         if workspace is None:
-            workspace = self._workspaces[key] = Workspace(self, a.shape[0], device_id)
+            if stream.is_capturing():  # inside a caller's capture: from the call's allocator (the graph's), not kept
+                workspace = Workspace(self, a.shape[0], device_id)
+            else:  # kept between calls: from CuPy's own pool, never from a caller's graph pool (torch's warm-ups)
+                with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc):
+                    workspace = self._workspaces[key] = Workspace(self, a.shape[0], device_id)
         tau = cupy.empty((a.shape[0], self.k), dtype=cupy.float32)
         direct = self.direct_vec and a.data.ptr % (4 * self.direct_vec) == 0
         # Schedule.scaled: the scale kernel copies the input into h (16-byte aligned where m n is a multiple of 4)

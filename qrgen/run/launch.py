@@ -4,10 +4,12 @@ the same for every schedule (T, tf32x3) for the functions that have no Factorize
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 import numpy as np
 
-from ..compile.nvrtc import compile_many
+from ..compile.cache import CacheWarning
+from ..compile.nvrtc import compile_many, compile_source, supported_archs
 from ..plan import tf32x3, tmat
 from ..plan.family import family
 from ..targets import Target
@@ -65,16 +67,27 @@ def max_active_clusters(func_ptr: int, blocks: int, threads: int, shared_bytes: 
     return count.value
 
 
-def load_function(binary, shared_bytes: int, kernel=None) -> tuple:
+def load_function(binary, shared_bytes: int, kernel=None, rebuild=None) -> tuple:
     """(module, function) of a compiled kernel on the current device, allowed its dynamic shared memory (past
     48 KiB with its static shared memory a kernel must ask for it) and, for a cluster of more blocks than the arch's
-    portable most, the non-portable cluster size; a GPU that cannot hold one such cluster is an error that says so."""
+    portable most, the non-portable cluster size; a GPU that cannot hold one such cluster is an error that says so.
+    A binary the driver refuses (a cache entry that verifies but does not load) is compiled again once by
+    `rebuild()`, which replaces the cache entry, with a CacheWarning."""
     import cupy
 
     portable = device_target(cupy.cuda.Device().id).limits.cluster_portable
 
     module = cupy.cuda.function.Module()
-    module.load(binary.cubin)
+    try:
+        module.load(binary.cubin)
+    except cupy.cuda.driver.CUDADriverError as exc:
+        if rebuild is None or not binary.cached:
+            raise
+        warnings.warn(f"the driver refused the cached binary of {binary.name} ({exc}): compiling it again",
+                      CacheWarning, stacklevel=2)
+        binary = rebuild()
+        module = cupy.cuda.function.Module()
+        module.load(binary.cubin)
     func = module.get_function(binary.name)
     driver = cupy.cuda.driver
     # past 48 KiB of static and dynamic shared memory together (a "whole" kernel's panel state beside its matrix)
@@ -94,18 +107,41 @@ def load_function(binary, shared_bytes: int, kernel=None) -> tuple:
 _TARGETS: dict[int, Target] = {}
 
 
+def target_for_capability(capability: int, nvrtc_archs: tuple[str, ...]) -> Target:
+    """A device of compute capability `capability` (90 for 9.0): Target('cuda', 'sm_90') for an architecture qrgen
+    knows (an NVRTC that cannot compile for it is an error naming the extra to install); for a GPU newer than qrgen
+    knows, PTX (Target.ptx) for the newest architecture below it that qrgen and the NVRTC both know, with that
+    architecture's limits, which the driver compiles for the device."""
+    from ..compile.nvrtc import install_hint
+    from ..targets.cuda import ARCHS
+
+    name = f"sm_{capability}"
+    if name in ARCHS:
+        if name not in nvrtc_archs:
+            raise RuntimeError(f"this GPU is {name}, which the installed NVRTC does not compile for (it knows "
+                               f"{', '.join(nvrtc_archs)}): {install_hint()}")
+        return Target("cuda", name)
+    older = [a for a in ARCHS if a in nvrtc_archs and a[3:].isdigit() and int(a[3:]) <= capability]
+    if not older:
+        raise RuntimeError(f"this GPU is {name}: qrgen supports sm_80 and newer (with this NVRTC: "
+                           f"{', '.join(a for a in ARCHS if a in nvrtc_archs) or 'none'})")
+    return Target("cuda", max(older, key=lambda a: int(a[3:])), ptx=True)
+
+
 def known_target(device_id: int) -> Target | None:
     """The device's target where device_target has asked for it already (no driver call), else None."""
     return _TARGETS.get(device_id)
 
 
 def device_target(device_id: int) -> Target:
-    """The CUDA target of a device (its compute capability as sm_XY)."""
+    """The CUDA target of a device: its compute capability as sm_XY where qrgen and the installed NVRTC both know
+    it, else PTX for the newest architecture below it that both know (target_for_capability)."""
     target = _TARGETS.get(device_id)
     if target is None:
         import cupy
 
-        target = _TARGETS[device_id] = Target("cuda", f"sm_{cupy.cuda.Device(device_id).compute_capability}")
+        capability = int(cupy.cuda.Device(device_id).compute_capability)
+        target = _TARGETS[device_id] = target_for_capability(capability, supported_archs())
     return target
 
 
@@ -120,7 +156,9 @@ def common_kernel(spec, device: int):
         target = device_target(device)
         rendered = family(spec).render(spec, None, target)
         (binary,) = compile_many([(rendered.name, rendered.source)], target)
-        _COMMON_FUNCTIONS[key] = load_function(binary, spec.shared_bytes)
+        _COMMON_FUNCTIONS[key] = load_function(
+            binary, spec.shared_bytes,
+            rebuild=lambda: compile_source(rendered.name, rendered.source, target.arch, ptx=target.ptx, refresh=True))
     return _COMMON_FUNCTIONS[key][1]
 
 
@@ -152,16 +190,23 @@ def tf32x3_matmul(a, b, c, alpha: float, beta: float) -> bool:
     return True
 
 
+def t_max_gpu() -> int:
+    """The most reflectors tmatrix_gpu takes on the current device."""
+    import cupy
+
+    return tmat.max_reflectors(device_target(cupy.cuda.Device().id))
+
+
 def tmatrix_gpu(gram, tau):
     """T (batch, w, w) of compact WY forms from G = V^T V (batch, w, w) and tau (batch, w), CuPy float32 arrays on
     the current device and stream; w up to plan/tmat.MAX."""
     import cupy
 
     batch, w = tau.shape
-    if w > tmat.MAX:
-        raise ValueError(f"blocks of at most {tmat.MAX} reflectors; got {w}")
     device = cupy.cuda.Device().id
-    func = common_kernel(tmat.kernel(), device)
+    if w > t_max_gpu():
+        raise ValueError(f"blocks of at most {t_max_gpu()} reflectors on this GPU; got {w}")
+    func = common_kernel(tmat.kernel(device_target(device)), device)
     g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)

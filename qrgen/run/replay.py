@@ -107,9 +107,10 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
     side = cupy.cuda.Stream(non_blocking=True)  # the legacy default stream cannot be captured
     plan.graph, plan.keep = False, (pool, side, owner)  # the stream stays alive: workspaces are kept by its address
     with side:
-        inputs = tuple(cupy.zeros(a.shape, dtype=a.dtype) for a in arrays)
-        # Once eagerly, from the caller's allocator: what outlives the graph (the workspace kept for this stream, a
-        # cuBLAS handle's workspace, loaded kernels) is made and zeroed here, outside the graph and its pool.
+        with cupy.cuda.using_allocator(pool.malloc):  # the graph's static inputs: its own memory, whatever the
+            inputs = tuple(cupy.zeros(a.shape, dtype=a.dtype) for a in arrays)  # caller's allocator (torch's)
+        # Once eagerly, outside the graph and its pool: what outlives the graph (the workspace kept for this stream
+        # and a cuBLAS handle's workspace, both from CuPy's own pool, loaded kernels) is made and zeroed here.
         fn(side, *inputs)
         side.synchronize()
         try:
@@ -121,7 +122,7 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
                     graph = end_capture(side)
         except Exception:  # a launch sequence that cannot be captured runs eagerly (fn raises again if it is wrong)
             return
-    held = sum(a.nbytes for a in inputs) + pool.total_bytes()
+    held = pool.total_bytes()  # the static inputs, temporaries and outputs
     if held + sum(p.held for p in PLANS.values()) > HELD_MAX_BYTES:  # this kind runs eagerly; its memory goes
         plan.keep = ()
         return

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ..paths import schedule_dir
+from ..paths import schedule_roots, user_schedule_dir
 from ..problem import Problem
 from ..targets import Target
 from .model import Precision, Schedule
@@ -27,8 +28,42 @@ TUNER_FIELDS = ("params", "study", "trials_complete", "trials_failed", "time_us"
 PRECISION_CHOICES = (None, "fp32")
 
 
+# A file tuned for batch B serves the batches b with B / BATCH_REACH <= b <= B * BATCH_REACH where no file for b
+# itself exists (the nearest such B by ratio; the larger on a tie): a schedule is correct for any batch, and its
+# choices (panel kinds, clusters, aggregates) follow the batch's parallelism, which changes little within a
+# quarter (docs/decisions.md#batch-reach).
+BATCH_REACH = 1.25
+
+
 def schedule_path(problem: Problem, target: Target, root: Path | None = None) -> Path:
-    return Path(root or schedule_dir()) / target.arch / f"{problem.m}x{problem.n}_b{problem.batch}.json"
+    """Where a schedule for exactly this problem is written: under `root`, else the user's schedule folder."""
+    return Path(root or user_schedule_dir()) / target.arch / f"{problem.m}x{problem.n}_b{problem.batch}.json"
+
+
+def _batch_of(path: Path, m: int, n: int) -> int | None:
+    prefix = f"{m}x{n}_b"
+    if not (path.name.startswith(prefix) and path.suffix == ".json"):
+        return None
+    digits = path.name[len(prefix):-len(".json")]
+    return int(digits) if digits.isdigit() and int(digits) > 0 else None
+
+
+def lookup(problem: Problem, target: Target, root: Path | None = None) -> Path | None:
+    """The schedule file that serves this problem: in each folder of schedule_roots(root), in order, the file for
+    exactly this batch, else the one for the nearest batch within BATCH_REACH; None where no folder has one."""
+    for folder in schedule_roots(root):
+        exact = schedule_path(problem, target, folder)
+        if exact.is_file():
+            return exact
+        arch = folder / target.arch
+        near = []
+        for path in arch.glob(f"{problem.m}x{problem.n}_b*.json") if arch.is_dir() else ():
+            batch = _batch_of(path, problem.m, problem.n)
+            if batch is not None and batch / BATCH_REACH <= problem.batch <= batch * BATCH_REACH:
+                near.append((abs(math.log(batch / problem.batch)), -batch, path))
+        if near:
+            return min(near)[2]
+    return None
 
 
 def to_document(schedule: Schedule, problem: Problem, target: Target, provenance: dict | None = None) -> dict:
@@ -127,15 +162,15 @@ def check_precision(precision) -> None:
 
 def find(problem: Problem, target: Target = Target(), root: Path | None = None,
          precision: str | None = None) -> tuple[Schedule, str]:
-    """The tuned schedule for this problem if a file exists, else the default; checked against the target.
-    Returns (schedule, origin). precision="fp32": the same schedule with every stage in fp32 (a lookahead then in
+    """The tuned schedule that serves this problem (lookup: the user's folder, then the shipped one, or `root`
+    alone), else the default; checked against the target. Returns (schedule, origin). precision="fp32": the same schedule with every stage in fp32 (a lookahead then in
     pieces, as the heuristic takes it for fp32 products)."""
     from ..plan.planner import check
     from .heuristic import LOOKAHEAD_PIECES, default_schedule
 
     check_precision(precision)
-    path = schedule_path(problem, target, root)
-    if path.exists():
+    path = lookup(problem, target, root)
+    if path is not None:
         schedule, _ = load(path)
         if (schedule.m, schedule.n) != (problem.m, problem.n):
             raise ValueError(f"{path} is for {schedule.m}x{schedule.n}, not {problem.m}x{problem.n}")

@@ -123,13 +123,21 @@ def default_reach(problem: Problem, lookahead: int) -> bool:
     return bool(lookahead) and problem.batch <= REACH_MAX_BATCH
 
 
+def fit_aggregate(aggregate: int, target: Target) -> int:
+    """An aggregate no wider than the target's T kernel takes (plan/tmat.max_reflectors: 64 columns where a block
+    has 99 KB of shared memory)."""
+    from ..plan.tmat import max_reflectors
+
+    return min(aggregate, max_reflectors(target)) if aggregate else 0
+
+
 def default_choices(problem: Problem, clustered: bool = True, target: Target = SM90) -> DefaultChoices:
     """clustered=False: the heuristic as it would be without clusters."""
     if default_tsqr(problem):
-        aggregate = TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0
+        aggregate = fit_aggregate(TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0, target)
         return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
     cluster = default_cluster(problem, target) if clustered and not default_many(problem) else 0
-    aggregate = 0 if cluster and problem.batch == 1 else default_aggregate(problem, target)
+    aggregate = fit_aggregate(0 if cluster and problem.batch == 1 else default_aggregate(problem, target), target)
     update = default_panel_update(problem)
     precision = default_precision(problem, aggregate, update)
     lookahead = default_lookahead(problem, aggregate, precision)

@@ -24,10 +24,14 @@ def backend(name: str) -> Backend:
 
 @dataclass(frozen=True)
 class Target:
-    """Where kernels run: a backend and one of its architectures (CUDA: 'sm_90'; the CPU backend: 'numpy')."""
+    """Where kernels run: a backend and one of its architectures (CUDA: 'sm_90'; the CPU backend: 'numpy').
+
+    ptx: the kernels are compiled to PTX for `arch` and the driver compiles that for the device: a GPU newer than
+    qrgen or the installed NVRTC knows runs the newest architecture both know, with that architecture's limits."""
 
     backend: str = "cuda"
     arch: str = "sm_90"
+    ptx: bool = False
 
     def __post_init__(self):
         backend(self.backend).arch(self.arch)

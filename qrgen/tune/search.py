@@ -7,13 +7,14 @@ import math
 import platform
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..paths import schedule_dir
+from ..paths import schedule_roots
 from ..problem import Problem
-from ..schedule.files import TUNER_FIELDS, load, save, schedule_path, tuner_params
+from ..schedule.files import TUNER_FIELDS, load, lookup, save, tuner_params
 from ..schedule.model import Schedule
 from ..targets import Target
 from ..version import __version__
@@ -37,16 +38,19 @@ from .study import (
     excess,
     fail,
     feasible,
+    open_study,
+    pareto_front,
     result_of,
+    study_attributes,
     study_name,
 )
 
 
 def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> list[dict]:
     """Parameters of tuned schedules of the same shape (other batches), then the nearest shapes, as warm starts."""
-    folder = Path(root or schedule_dir()) / target.arch
     found = []
-    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+    folders = [folder / target.arch for folder in schedule_roots(root)]
+    for path in [p for folder in folders if folder.is_dir() for p in sorted(folder.glob("*.json"))]:
         try:
             schedule, prov = load(path)
         except (ValueError, OSError):
@@ -64,24 +68,24 @@ def _neighbour_params(problem: Problem, target: Target, root: Path | None) -> li
 def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage: str | None = None,
          multi_objective: bool = False, seed: int = 0, schedule_root: Path | None = None, log=print,
          families: tuple[str, ...] = FAMILIES, time_limit: float | None = None) -> TuneResult:
-    """Run up to `trials` trials (no new one starts after `time_limit` seconds) and return the best so far; with one
-    objective, chosen in a final round against the default and the schedule file already in `schedule_root`."""
+    """Run up to `trials` trials (no new one starts after `time_limit` seconds, none after Ctrl-C) and return the
+    choice of a final round among the study's best (with two objectives, of its Pareto front), the default and the
+    schedule file that serves the problem now (lookup in `schedule_root`, else the user's and the shipped folders)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials are reported by the progress line
     if evaluator is None:
         evaluator = default_evaluator(problem, target)
     storage = storage or default_storage()
-    name = study_name(problem, target, getattr(evaluator, "name", type(evaluator).__name__))
+    device = getattr(evaluator, "name", type(evaluator).__name__)
+    name = study_name(problem, target, device, multi_objective)
     if families != FAMILIES:
-        name += "|" + "+".join(families)
+        name += " " + "+".join(families)
     with warnings.catch_warnings():  # multivariate and group are marked experimental; they suit this space
         warnings.simplefilter("ignore")
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                              warn_independent_sampling=False, constraints_func=constraints)
-    directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
-    study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
-                                load_if_exists=True)
+    study = open_study(name, storage, multi_objective, sampler, study_attributes(device, multi_objective))
     if all(t.state == optuna.trial.TrialState.WAITING for t in study.trials):  # a new study: warm starts
         study.enqueue_trial(default_params(problem), skip_if_exists=True)
         for params in variations(problem):
@@ -158,19 +162,23 @@ def tune(problem: Problem, target: Target, trials: int, evaluator=None, storage:
         for trial, *_ in queue:  # the trial being measured and the one asked ahead
             trial.set_user_attr("failure", "interrupted")
             study.tell(trial, state=failed_state)
-        log(f"interrupted: the study keeps its {len(study.trials)} trials in {storage} (run again to resume)")
-        return result_of(study, problem, storage, multi_objective)
+        log(f"interrupted: the study keeps its {len(study.trials)} trials in {storage} (run again to resume); "
+            f"the final round follows (Ctrl-C again: nothing is written)")
+        interrupted = True
+    else:
+        interrupted = False
     result = result_of(study, problem, storage, multi_objective)
-    if multi_objective:
-        return result
-    return final_round(result, study, problem, evaluator, _existing(problem, target, schedule_root), log)
+    result = final_round(result, study, problem, evaluator, _existing(problem, target, schedule_root), log)
+    return replace(result, interrupted=interrupted)
 
 
 def _existing(problem: Problem, target: Target, root: Path | None) -> tuple[Schedule, dict] | None:
-    """The schedule file a tuned result would replace and its search parameters, where one loads for this problem:
-    the tuner's point where it still describes the file, else only the file's precisions (the cost model judges
-    accuracy on a proxy built from them)."""
-    path = schedule_path(problem, target, root)
+    """The schedule file that serves this problem now (schedule.files.lookup) and its search parameters, where one
+    loads: the tuner's point where it still describes the file, else only the file's precisions (the cost model
+    judges accuracy on a proxy built from them)."""
+    path = lookup(problem, target, root)
+    if path is None:
+        return None
     try:
         schedule, prov = load(path)
     except (ValueError, OSError, KeyError):
@@ -188,7 +196,9 @@ def final_round(result: TuneResult, study, problem: Problem, evaluator, existing
     (kept: result.kept) or, without one, than the default. A candidate that fails or misses the gates there
     drops out."""
 
-    complete = sorted(feasible(study), key=lambda t: t.values[0])
+    # Multi-objective: the candidates come from the Pareto front (fastest first); the choice is still on time.
+    complete = feasible(study)
+    complete = sorted(pareto_front(complete) if len(study.directions) > 1 else complete, key=lambda t: t.values[0])
     defaults = default_params(problem)
     candidates: dict[Schedule, tuple[str, dict]] = {}
     for t in complete:
@@ -238,8 +248,8 @@ def final_round(result: TuneResult, study, problem: Problem, evaluator, existing
     default = next((Outcome(median[s], outcomes[s].factor, outcomes[s].orthogonality) for s in median
                     if candidates[s][1] == defaults), result.default)
     kept = file_schedule is not None and best == file_schedule
-    return TuneResult(best, candidates[best][1], out, result.complete, result.failed, result.study_name,
-                      result.storage, result.pareto, default, summary, kept)
+    return replace(result, schedule=best, params=candidates[best][1], outcome=out, default=default,
+                   final_round=summary, kept=kept)
 
 
 def provenance(result: TuneResult, evaluator_name: str) -> dict:
@@ -283,7 +293,7 @@ def tune_and_save(problem: Problem, target: Target, trials: int, storage: str | 
     result = tune(problem, target, trials, evaluator, storage, multi_objective, seed, schedule_root, log, families,
                   time_limit)
     if result.kept:
-        path = schedule_path(problem, target, schedule_root)
+        path = lookup(problem, target, schedule_root)
         log(f"kept {path}: no schedule of the study was {MIN_GAIN:.0%} faster than it in the final round")
         return result, path
     path = save(result.schedule, problem, target, provenance(result, getattr(evaluator, "name", "GPU")),

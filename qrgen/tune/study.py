@@ -61,6 +61,7 @@ class TuneResult:
     # median time there; kept: the existing file stays (no candidate was MIN_GAIN faster), so nothing is written.
     final_round: tuple = ()
     kept: bool = False
+    interrupted: bool = False  # Ctrl-C ended the search (the final round still ran)
 
 
 def default_storage() -> str:
@@ -81,9 +82,48 @@ def space_digest() -> str:
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
 
-def study_name(problem: Problem, target: Target, device: str) -> str:
-    return (f"qrgen-{__version__}|space-{space_digest()}|{target.arch}|{device}|{problem.m}x{problem.n}"
-            f"|b{problem.batch}")
+def objective_name(multi_objective: bool) -> str:
+    return "time+factor" if multi_objective else "time"
+
+
+def study_name(problem: Problem, target: Target, device: str, multi_objective: bool = False) -> str:
+    """One study per shape, batch, target, device and objective, readable (`optuna.get_all_study_names`); the
+    search space's digest keeps a changed space from resuming a study it cannot (space_digest). The qrgen version
+    is a study attribute, not part of the name: an upgrade resumes the same study."""
+    return (f"{problem.m}x{problem.n} b{problem.batch} {target.arch} {device} {objective_name(multi_objective)} "
+            f"(space {space_digest()})")
+
+
+def study_attributes(device: str, multi_objective: bool) -> dict:
+    """What a study records of the run that made it (optuna user attributes)."""
+    attrs = {"qrgen": __version__, "device": device, "objective": objective_name(multi_objective),
+             "space": space_digest()}
+    try:
+        from ..compile.nvrtc import version
+
+        attrs["nvrtc"] = ".".join(map(str, version()))
+    except Exception:  # no NVRTC: a cost-model study
+        attrs["nvrtc"] = None
+    return attrs
+
+
+def open_study(name: str, storage: str, multi_objective: bool, sampler, attributes: dict):
+    """The study of this name, made if new; a study of that name with another number of objectives is a clear
+    error (optuna would fail on the first trial and leave it running)."""
+    import optuna
+
+    directions = ["minimize", "minimize"] if multi_objective else ["minimize"]
+    try:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:  # no such study yet
+        study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler)
+        for key, value in attributes.items():
+            study.set_user_attr(key, value)
+        return study
+    if len(study.directions) != len(directions):
+        raise ValueError(f"the study {name!r} in {storage} has {len(study.directions)} objective(s), this search "
+                         f"{len(directions)}: use another --storage or delete that study")
+    return study
 
 
 def fail(trial, reason: str):

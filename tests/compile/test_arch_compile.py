@@ -1,23 +1,73 @@
-"""Other NVIDIA architectures than the H200's: the default schedules the heuristic gives sm_80 (no clusters) render
-and compile with NVRTC for sm_80, without spills."""
+"""Every NVIDIA architecture qrgen lists that the installed NVRTC compiles for: the kernels of the schedules
+qrgen picks there (the tuned file where one is shipped, else the default heuristic's) for the reference batches and
+the single and tall shapes, for geqrf and for qr (which keeps V and T), render and compile with NVRTC without
+spills (SPILL_BUDGET states the exceptions)."""
+import os
+
 import pytest
 
-from qrgen.compile.nvrtc import compile_many
+from qrgen.bench import REFERENCE_CASES, SINGLE_TALL_CASES
+from qrgen.compile.nvrtc import compile_many, supported_archs
 from qrgen.problem import Problem
 from qrgen.render.sources import render_all
 from qrgen.schedule.files import find
-from qrgen.targets import Target
+from qrgen.targets import CLUSTERS, Target
+from qrgen.targets.cuda import ARCHS
 
-from kernel_cases import needs_nvrtc
+from kernel_cases import cupy_installed, needs_nvrtc
+
+# Bytes of spill stores and loads allowed per kernel family (its name's prefix) and arch, where ptxas spills: the T
+# kernel (1024 threads, so 64 registers; once per aggregate) one register pair on sm_86, sm_87 and sm_89; lanes
+# panels of 672 threads or more (88 registers or fewer) up to two pairs on sm_120 and sm_121, whose ptxas needs a
+# few more registers than sm_90's for the same source. Every other kernel: none.
+SPILL_BUDGET = {("qr_tmat", "sm_86"): 16, ("qr_tmat", "sm_87"): 16, ("qr_tmat", "sm_89"): 16,
+                ("qr_lanes", "sm_120"): 16, ("qr_lanes", "sm_121"): 16}
+
+
+def budget(name: str, arch: str) -> int:
+    return max([b for (prefix, a), b in SPILL_BUDGET.items() if a == arch and name.startswith(prefix)], default=0)
+GPUS = [a for a in ARCHS if not a.endswith("a")]  # sm_90a is sm_90 with its arch-specific instructions
+
+
+def kernels(target):
+    """{source: name} of every kernel the picked schedules of the reference, single and tall cases need."""
+    found = {}
+    for batch, m, n in REFERENCE_CASES + SINGLE_TALL_CASES:
+        schedule, _ = find(Problem(m, n, batch), target)
+        for keep in (False, True):
+            for r in render_all(schedule, target, keep=keep):
+                found[r.source] = r.name
+    return found
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (40, 176, 176), (1, 40000, 256)])
-def test_sm80_default_schedules_compile_without_spills(batch, m, n, tmp_path, monkeypatch):
-    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
-    target = Target("cuda", "sm_80")
-    schedule, origin = find(Problem(m, n, batch), target)
-    assert origin.startswith("default")  # no tuned file for sm_80
-    assert not any(p.cluster for p in schedule.panels)
-    binaries = compile_many([(r.name, r.source) for r in render_all(schedule, target)], target)
-    assert binaries and all(b.spill_bytes == 0 for b in binaries), [(b.name, b.spill_bytes) for b in binaries]
+@pytest.mark.parametrize("arch", GPUS)
+def test_picked_schedules_compile_for_every_arch(arch, monkeypatch):
+    if arch not in supported_archs():
+        pytest.skip(f"the installed NVRTC does not compile for {arch}")
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ["QRGEN_TEST_CACHE_DIR"])
+    target = Target("cuda", arch)
+    items = [(name, source) for source, name in kernels(target).items()]
+    if not target.has(CLUSTERS):
+        assert not any("cluster" in source and "__cluster_dims__" in source for _, source in items)
+    binaries = compile_many(items, target)
+    over = [(b.name, b.spill_bytes, b.stack_bytes) for b in binaries
+            if max(b.spill_bytes, b.stack_bytes) > budget(b.name, arch)]
+    assert len(binaries) == len(items) and not over, over
+
+
+def test_the_listed_archs_are_the_ones_asked_for():
+    assert GPUS == ["sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120", "sm_121"]
+    if cupy_installed():
+        from qrgen.compile.nvrtc import version
+
+        if version() >= (12, 9):  # NVRTC 12.9 and 13.x know every one of them
+            assert set(GPUS) <= set(supported_archs())
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])
+def test_archs_without_clusters_get_schedules_without_clusters(arch):
+    target = Target("cuda", arch)
+    for batch, m, n in REFERENCE_CASES + SINGLE_TALL_CASES:
+        schedule, origin = find(Problem(m, n, batch), target)
+        assert origin.startswith("default") and not any(p.cluster for p in schedule.panels)

@@ -40,15 +40,25 @@ def _no_spills(items):
 TINY = 'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= 2.0f; }\n'
 
 
-def test_compile_cache_and_corruption(tmp_path, monkeypatch):
+@pytest.mark.parametrize("damage", ["garbage", "half", "flipped byte", "format 1"])
+def test_compile_cache_and_corruption(tmp_path, monkeypatch, damage):
+    """An entry that does not verify (garbage, cut to half its length with its header intact, one byte of the
+    binary changed, an older format) is compiled again with a CacheWarning and replaced; never fatal."""
+    from qrgen.compile.cache import MAGIC, CacheWarning
+
     monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
     first = compile_source("tiny", TINY, "sm_90")
     assert not first.cached and first.cubin.startswith(b"\x7fELF") and first.registers > 0
     second = compile_source("tiny", TINY, "sm_90")
     assert second.cached and second.cubin == first.cubin
-    (entry,) = list((tmp_path / "sm_90").glob("tiny-*.cubin"))
-    entry.write_bytes(b"garbage")
-    third = compile_source("tiny", TINY, "sm_90")
+    (entry,) = list((tmp_path / "sm_90").glob("tiny-*.bin"))
+    data = entry.read_bytes()
+    assert data.startswith(MAGIC)
+    entry.write_bytes({"garbage": b"garbage", "half": data[:len(data) // 2],
+                       "flipped byte": data[:-10] + bytes([data[-10] ^ 1]) + data[-9:],
+                       "format 1": b"QRGENCUBIN1\n" + data[len(MAGIC):]}[damage])
+    with pytest.warns(CacheWarning, match="damaged"):
+        third = compile_source("tiny", TINY, "sm_90")
     assert not third.cached and third.cubin == first.cubin
     assert compile_source("tiny", TINY, "sm_90").cached
 

@@ -45,6 +45,7 @@ def test_import_compiles_nothing(name, monkeypatch):
 
 
 def test_build_writes_module_and_sources(tmp_path, capsys):
+    (tmp_path / "none").mkdir()  # a schedule folder with no files: the default heuristic
     assert main(["build", "--shape", "40x24", "--batch", "3", "--out", str(tmp_path), "--no-compile",
                  "--schedules", str(tmp_path / "none")]) == 0
     out = capsys.readouterr().out

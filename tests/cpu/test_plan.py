@@ -190,7 +190,7 @@ def test_tmat_shared_memory_fits_one_block():
     with it; at tmat.BLOCKED_MAX G, T and X of 128 rows less one block for X, as before the halves."""
     assert MAX_AGGREGATE == tmat.MAX == 2 * tmat.BLOCKED_MAX
     sizes = [tmat.shared_bytes(a) for a in range(1, tmat.MAX + 1)]
-    assert max(sizes) == sizes[-1] == tmat.kernel().shared_bytes <= SM90.limits.shared_bytes
+    assert max(sizes) == sizes[-1] == tmat.kernel(SM90).shared_bytes <= SM90.limits.shared_bytes
     assert all(x <= y for x, y in zip(sizes, sizes[1:]))
     assert tmat.shared_bytes(tmat.BLOCKED_MAX) == 4 * (128 * (132 + 132) + 96 * 36)
     with pytest.raises(ValueError, match="1 to 256"):
@@ -239,3 +239,22 @@ def test_packed_launch_arguments_match_the_kernels_signatures():
             assert _signature(rendered.source, rendered.name) == packed, rendered.name
             seen.add(variant)
     assert seen == set(expected)
+
+
+@pytest.mark.parametrize("arch,most", [("sm_80", 128), ("sm_90", 256), ("sm_86", 64), ("sm_89", 64), ("sm_120", 64)])
+def test_t_kernel_and_aggregates_fit_the_target(arch, most):
+    """GPUs of 99 KB of shared memory a block take T of at most 64 reflectors: the T kernel asks for no more, the
+    default schedules aggregate at most that many columns, and the planner refuses wider aggregates there."""
+    from dataclasses import replace
+
+    target = Target("cuda", arch)
+    assert tmat.max_reflectors(target) == most
+    assert tmat.kernel(target).shared_bytes == tmat.shared_bytes(most) <= target.limits.shared_bytes
+    for m, n, batch in ((1024, 1024, 60), (2048, 2048, 8), (4096, 4096, 2), (512, 512, 640), (40000, 256, 1)):
+        schedule = default_schedule(Problem(m, n, batch), target)
+        assert schedule.aggregate <= most
+        check(schedule, target)
+    wide = replace(default_schedule(Problem(1024, 1024, 60), SM90), aggregate=128)
+    if most < 128:
+        with pytest.raises(ValueError, match="T kernel takes at most 64"):
+            check(wide, Target("cuda", arch))

@@ -287,3 +287,32 @@ def test_default_for_many_matrices_of_384_to_512_rows():
                     Problem(383, 512, 640)):
         assert not default_many(problem), problem
         assert default_schedule(problem).aggregate == 0 and 32 in {p.width for p in default_schedule(problem).panels}
+
+
+def test_a_tuned_file_serves_the_batches_near_its_own(tmp_path, monkeypatch):
+    """BATCH_REACH: a file for batch B serves b with B / 1.25 <= b <= 1.25 B where no file for b exists, the
+    nearest by ratio; the user's folder is searched before the shipped one; a named folder alone."""
+    from dataclasses import replace as with_
+
+    from qrgen.paths import schedule_dir
+    from qrgen.schedule.files import BATCH_REACH, lookup, save
+
+    target = Target()
+    shipped = schedule_dir() / "sm_90" / "1024x1024_b60.json"
+    for batch in (48, 59, 61, 75):
+        assert lookup(Problem(1024, 1024, batch), target) == shipped
+    for batch in (47, 76, 1):
+        assert lookup(Problem(1024, 1024, batch), target) is None
+    assert BATCH_REACH == 1.25
+    base = default_schedule(Problem(96, 64, 10))
+    root = tmp_path / "mine"
+    for batch in (10, 14):
+        save(with_(base, lookahead=0), Problem(96, 64, batch), target, {"origin": "test"}, root=root)
+    assert lookup(Problem(96, 64, 11), target, root).name == "96x64_b10.json"
+    assert lookup(Problem(96, 64, 12), target, root).name == "96x64_b14.json"  # 12/10 > 14/12
+    assert lookup(Problem(96, 64, 14), target, root).name == "96x64_b14.json"
+    assert find(Problem(96, 64, 13), target, root)[1].endswith("96x64_b14.json")
+    monkeypatch.setenv("QRGEN_SCHEDULE_DIR", str(root))
+    mine = save(base, Problem(1024, 1024, 60), target, {"origin": "test"})
+    assert mine == root / "sm_90" / "1024x1024_b60.json" and lookup(Problem(1024, 1024, 59), target) == mine
+    assert lookup(Problem(1024, 1024, 59), target, schedule_dir()) == shipped

@@ -231,11 +231,14 @@ def test_next_trial_is_prepared_while_this_one_is_measured(tmp_path):
         def __call__(self, schedule, params):
             events.append(("measure", schedule))
             if sum(e[0] == "measure" for e in events) == 4:
+                events.append(("interrupt", None))
                 raise KeyboardInterrupt
             return Outcome(10.0, 0.1, 0.1)
 
     lines = []
-    tune(problem, Target(), 8, Evaluator(), _storage(tmp_path), log=lines.append)
+    result = tune(problem, Target(), 8, Evaluator(), _storage(tmp_path), log=lines.append)
+    assert result.interrupted
+    events = events[:events.index(("interrupt", None))]  # the final round follows
     measured = [s for kind, s in events if kind == "measure"]
     prepared = [s for kind, s in events if kind == "prepare"]
     assert len(measured) == 4 and all(s in prepared for s in measured[1:])  # every later one was prepared first
@@ -413,7 +416,7 @@ def test_study_name_follows_the_search_space(monkeypatch):
 
     problem = Problem(32, 32, 20)
     name = study_name(problem, Target(), "GPU")
-    assert name == study_name(problem, Target(), "GPU") and "|space-" in name
+    assert name == study_name(problem, Target(), "GPU") and "(space " in name
     for module in (space, study):  # the space's choices, where the sampler and the study's digest read them
         monkeypatch.setattr(module, "LANES_SLOTS", space.LANES_SLOTS + (96,))
     assert study_name(problem, Target(), "GPU") != name
@@ -501,3 +504,104 @@ def test_tf32x3_that_no_product_takes_is_written_as_fp32():
         assert (s.precision.project, s.precision.update) == ("fp32", "tf32x3" if aggregate else "fp32")
     s = schedule_from_params(Problem(1024, 1024, 60), {**params, "aggregate": 128})
     assert (s.precision.project, s.precision.update) == ("tf32x3", "tf32x3")
+
+
+def test_tuned_files_go_to_the_user_folder_and_leave_the_shipped_ones(tmp_path, monkeypatch):
+    """Without --schedules the tuner compares against the file that serves the shape now (here a shipped one) and
+    writes to the user's folder, which lookups then search first; the shipped file is untouched."""
+    from qrgen.paths import schedule_dir
+    from qrgen.schedule.files import find, lookup
+
+    user = tmp_path / "user"
+    monkeypatch.setenv("QRGEN_SCHEDULE_DIR", str(user))
+    problem, target = Problem(1024, 1024, 60), Target()
+    shipped = schedule_dir() / "sm_90" / "1024x1024_b60.json"
+    before = shipped.read_text()
+    assert lookup(problem, target) == shipped
+    lines = []
+
+    class Faster:  # every schedule 90 µs except the shipped one, 100
+        name = "test"
+
+        def __call__(self, schedule, params):
+            return Outcome(100.0 if schedule == load(shipped)[0] else 90.0, 0.1, 0.1)
+
+    result, path = tune_and_save(problem, target, 3, _storage(tmp_path), evaluator=Faster(), log=lines.append)
+    assert path == user / "sm_90" / "1024x1024_b60.json" and shipped.read_text() == before
+    assert any(label.startswith("existing file") for label, _ in result.final_round)
+    assert lookup(problem, target) == path and find(problem, target)[1] == str(path)
+
+
+def test_ctrl_c_runs_the_final_round_before_writing(tmp_path):
+    """Ctrl-C stops the search; the final round still compares before anything is written; Ctrl-C again there
+    writes nothing. The CLI exits 130 either way."""
+    from qrgen import cli
+
+    problem, target = Problem(64, 64, 2), Target()
+    calls = []
+
+    def evaluator(schedule, params):
+        calls.append(schedule)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return Outcome(50.0 + len(calls), 0.1, 0.1)
+
+    lines = []
+    result, path = tune_and_save(problem, target, 10, _storage(tmp_path), schedule_root=tmp_path,
+                                 evaluator=evaluator, log=lines.append)
+    assert result.interrupted and result.final_round and path.is_file()
+    assert any(line.startswith("final round (median") for line in lines)
+
+    def twice(schedule, params):  # Ctrl-C in the search, and again in the final round
+        calls.append(schedule)
+        if len(calls) in (3, 4):
+            raise KeyboardInterrupt
+        return Outcome(50.0 + len(calls), 0.1, 0.1)
+
+    root = tmp_path / "again"
+    root.mkdir()
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        tune_and_save(problem, target, 10, _storage(root), schedule_root=root, evaluator=twice, log=lambda _: None)
+    assert not list(root.rglob("*.json"))
+    assert cli.main(["tune", "--shape", "48x40", "--batch", "3", "--trials", "3", "--cost-model", "--schedules",
+                     str(root), "--storage", _storage(root)]) == 0
+
+
+def test_multi_objective_runs_the_final_round(tmp_path):
+    problem = Problem(64, 64, 2)
+    lines = []
+    result, path = tune_and_save(problem, Target(), 6, _storage(tmp_path), multi_objective=True,
+                                 schedule_root=tmp_path, evaluator=ModelEvaluator(problem), log=lines.append)
+    assert result.pareto and (result.final_round or result.kept)
+    assert any(line.startswith("final round") for line in lines)
+
+
+def test_one_study_per_objective_with_its_attributes(tmp_path):
+    """Single- and multi-objective searches of one shape keep separate studies (an earlier run of the other kind
+    no longer breaks the next); a study of the right name and the wrong objective count is a clear error; the
+    qrgen version and the device are attributes, not part of the name."""
+    from qrgen.version import __version__
+
+    problem, target, evaluator = Problem(64, 64, 2), Target(), ModelEvaluator(Problem(64, 64, 2))
+    multi = tune(problem, target, 3, evaluator, _storage(tmp_path), multi_objective=True, log=lambda _: None)
+    single = tune(problem, target, 3, evaluator, _storage(tmp_path), log=lambda _: None)
+    assert multi.study_name != single.study_name and __version__ not in single.study_name
+    assert "64x64 b2 sm_90" in single.study_name and "time" in single.study_name
+    attrs = optuna.load_study(study_name=single.study_name, storage=_storage(tmp_path)).user_attrs
+    assert attrs["qrgen"] == __version__ and attrs["device"] == evaluator.name and attrs["objective"] == "time"
+    other = tmp_path / "other.sqlite3"
+    optuna.create_study(study_name=single.study_name, storage=f"sqlite:///{other}", directions=["minimize"] * 2)
+    with pytest.raises(ValueError, match="objective"):
+        tune(problem, target, 3, evaluator, f"sqlite:///{other}", log=lambda _: None)
+
+
+def test_cli_exits_130_when_interrupted(monkeypatch, tmp_path):
+    from qrgen import cli
+    from qrgen.tune import search
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "tune_and_save", interrupted)
+    assert cli.main(["tune", "--shape", "48x40", "--trials", "2", "--cost-model", "--schedules", str(tmp_path)]) == 130

@@ -110,6 +110,11 @@ def test_ormqr_and_householder_product_torch():
     c = torch.randn(3, 50, 4, device="cuda")
     out = qrgen.ormqr(h, tau, c, side="L", transpose=True)
     assert torch.allclose(out.double(), q.double().transpose(-1, -2) @ c.double(), atol=1e-4)
+    # torch.ormqr's own keywords: left=False is C op(Q)
+    d = torch.randn(3, 4, 50, device="cuda")
+    ref = torch.ormqr(h, tau, d, left=False, transpose=False)
+    assert torch.allclose(qrgen.ormqr(h, tau, d, left=False).double(), ref.double(), atol=1e-4)
+    assert torch.allclose(qrgen.ormqr(h, tau, c, left=True, transpose=True), out)
 
 
 @pytest.mark.parametrize("batch,m,n", [(6, 300, 120), (3, 90, 130), (40, 176, 176)])
