@@ -37,24 +37,21 @@ def _folder(text: str) -> Path:
     return path
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of trials (0 or more), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of trials (0 or more), got {value}")
-    return value
+def _integer(least: int, what: str):
+    """An argparse type: an integer of at least `least`, else an error saying `what` is expected."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+    return parse
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_count = _integer(0, "a number of trials (0 or more)")
+_positive = _integer(1, "a positive integer")
 
 
 def _shape(text: str) -> tuple[int, int]:
