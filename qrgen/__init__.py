@@ -5,6 +5,7 @@ from .problem import Problem
 from .schedule.model import Panel, Precision, Schedule
 from .targets import Target
 from .version import __version__
+from .warmup import warmup
 
 if "torch" in __import__("sys").modules:  # torch is in use: register qrgen's custom ops now (qrgen.torch)
     from .functions import load_torch_face
@@ -12,4 +13,4 @@ if "torch" in __import__("sys").modules:  # torch is in use: register qrgen's cu
     load_torch_face()
 
 __all__ = ["geqrf", "householder_product", "ormqr", "qr", "lstsq", "check", "Problem", "Target", "Schedule",
-           "Panel", "Precision", "__version__"]
+           "Panel", "Precision", "warmup", "__version__"]

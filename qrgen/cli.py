@@ -125,6 +125,17 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--with-cols", action="store_true",
                    help="also search the cols panel kernel (correct on the GPU, slower than lanes where timed)")
 
+    w = sub.add_parser("warmup", help="compile ahead the kernels of a list of problems into the kernel cache",
+                       description="Compile, in parallel over all of them, every kernel that qrgen.geqrf and "
+                                   "qrgen.qr will need for each BATCHxMxN, into the kernel cache "
+                                   "($QRGEN_CACHE_DIR), so that a service's first calls compile nothing; on a GPU "
+                                   "the kernels are also loaded once (a check that the driver takes them).")
+    w.add_argument("cases", nargs="+", type=_case, metavar="BATCHxMxN", help="problems such as 60x1024x1024")
+    w.add_argument("--arch", default=None,
+                   help="target architecture (default: this machine's GPU, which then also loads them; else sm_90)")
+    w.add_argument("--no-qr", action="store_true", help="geqrf's kernels only, not qr's")
+    w.add_argument("--jobs", type=_positive, default=None, help="kernels compiled at once (default: CPU count)")
+
     s = sub.add_parser("bench", help="time qrgen against torch.geqrf (needs a CUDA GPU)",
                        description="For each case: qrgen's and torch.geqrf's median time (CUDA events, L2 "
                                    "flushed, fresh inputs) in the same run, their ratio, and the accuracy gates "
@@ -190,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"qrgen {args.command}: error: {exc}", file=sys.stderr)
             return 2
         return 130 if interrupted else 0
+    if args.command == "warmup":
+        return _warmup(args)
     if args.command == "bench":
         from .bench import QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, profile_case, run_case, run_qr_case, table
 
@@ -222,6 +235,35 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
         return 0
     return 2  # pragma: no cover
+
+
+def _warmup(args) -> int:
+    from .compile.nvrtc import check_arch
+    from .warmup import warmup
+
+    try:
+        target = Target.parse(args.arch) if args.arch else None
+        here = _default_target()
+        on_gpu = target is None and here.backend == "cuda" and _has_gpu()
+        check_arch(target or here)
+        report = warmup(args.cases, target=None if on_gpu else (target or here), qr=not args.no_qr,
+                        jobs=args.jobs, log=lambda b: print(f"  {b.name}: {'cached' if b.cached else f'{b.seconds:.1f} s'}",
+                                                           flush=True))
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"qrgen warmup: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{report['kernels']} kernel(s), {report['compiled']} compiled, {report['seconds']:.1f} s"
+          f"{' (loaded on the GPU)' if on_gpu else ''}")
+    return 0
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
 
 
 def _markdown(args) -> int:

@@ -115,3 +115,22 @@ for call in (lambda: qrgen.geqrf(np.zeros((2, 4, 4), np.float32)), nvrtc.version
     lines = out.stdout.splitlines()
     assert out.returncode == 0 and len(lines) == 2, out.stdout + out.stderr
     assert all("pip install 'qrgen[cuda" in line for line in lines)
+
+
+@needs_nvrtc
+def test_warmup_compiles_ahead_once(tmp_path, monkeypatch):
+    """qrgen warmup / qrgen.warmup: every kernel geqrf and qr need for a list of problems, compiled at once into the
+    cache; a second warm-up (a service's next start) compiles nothing; a bad problem is refused before anything
+    is compiled."""
+    import qrgen
+
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ValueError):
+        qrgen.warmup([(3, 64, 64), (0, 10, 10)], target=Target("cuda", "sm_90"))
+    assert not list(tmp_path.rglob("*.bin"))
+    first = qrgen.warmup([(3, 64, 64), (5, 40, 24)], target=Target("cuda", "sm_90"))
+    assert first["kernels"] == first["compiled"] > 0 and len(list(tmp_path.rglob("*.bin"))) == first["kernels"]
+    again = qrgen.warmup([(3, 64, 64), (5, 40, 24)], target=Target("cuda", "sm_90"))
+    assert again["kernels"] == first["kernels"] and again["compiled"] == 0
+    assert cli.main(["warmup", "3x64x64", "--arch", "sm_80", "--no-qr"]) == 0
+    assert list((tmp_path / "sm_80").glob("*.bin"))

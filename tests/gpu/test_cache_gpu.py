@@ -34,3 +34,22 @@ def test_an_entry_the_driver_refuses_is_rebuilt(tmp_path, monkeypatch):
         warnings.simplefilter("error", CacheWarning)  # replaced: the next process loads them without a word
         h, tau = Factorizer(64, 64, schedule, here)(cupy.asarray(a))
     assert check(a, h, tau).ok
+
+
+def test_after_warmup_a_first_call_compiles_nothing(tmp_path, monkeypatch):
+    import cupy
+
+    import qrgen
+    from qrgen.compile import nvrtc
+
+    monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path))
+    qrgen.warmup([(7, 96, 80)])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled after a warm-up")
+
+    monkeypatch.setattr(nvrtc, "nvrtc_compile", refuse)
+    a, _ = mixed(96, 80, 7, seed=4)
+    h, tau = qrgen.geqrf(cupy.asarray(a))
+    q, r = qrgen.qr(cupy.asarray(a))
+    assert check(a, h, tau).ok

@@ -172,3 +172,19 @@ def test_current_device_and_stream_are_honoured():
     assert math.isclose(float(torch.linalg.matrix_norm(q.mT @ q - torch.eye(60, device="cuda")).max()), 0,
                         abs_tol=1e-4)
     assert np.isfinite(h.cpu().numpy()).all()
+
+
+def test_expanded_and_non_contiguous_inputs_under_no_grad():
+    base = torch.randn(1, 40, 30, device="cuda")
+    expanded = base.expand(5, 40, 30)  # stride 0 over the batch
+    with torch.no_grad():
+        h, tau = qrgen.geqrf(expanded)
+        h1, tau1 = qrgen.geqrf(base.contiguous())
+    assert torch.equal(h, h1.expand(5, 40, 30)) and torch.equal(tau, tau1.expand(5, 30))
+    x = torch.randn(4, 30, 40, device="cuda").transpose(-1, -2).requires_grad_()  # non-contiguous, requires grad
+    q, r = qrgen.qr(x)
+    (q.sum() + r.sum()).backward()
+    y = x.detach().clone().requires_grad_()
+    qt_, rt = torch.linalg.qr(y)
+    (qt_.sum() + rt.sum()).backward()
+    assert _close(x.grad, y.grad, tol=1e-3)
