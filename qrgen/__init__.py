@@ -10,7 +10,10 @@ from .warmup import warmup
 if "torch" in __import__("sys").modules:  # torch is in use: register qrgen's custom ops now (qrgen.torch)
     from .functions import load_torch_face
 
-    load_torch_face()
+    try:
+        load_torch_face()
+    except ImportError:  # a torch before 2.4 has no custom ops: the functions run without them
+        pass
 
 __all__ = ["geqrf", "householder_product", "ormqr", "qr", "lstsq", "check", "Problem", "Target", "Schedule",
            "Panel", "Precision", "warmup", "__version__"]

@@ -6,7 +6,7 @@ import functools
 
 from . import api
 
-TORCH_FACE = None  # qrgen.torch once loaded
+TORCH_FACE = None  # qrgen.torch once loaded; False where it cannot load (a torch before 2.4)
 
 
 def load_torch_face():
@@ -20,15 +20,20 @@ def load_torch_face():
 
 def torch_face(*args, factorizer=None):
     """qrgen.torch where these arguments go to its custom ops (qrgen.torch.routes), else None; the first torch
-    tensor seen loads it. A generated module's calls (factorizer) run qrgen.api."""
+    tensor seen loads it (a torch without custom ops, before 2.4: qrgen.api, without autograd). A generated
+    module's calls (factorizer) run qrgen.api."""
     if factorizer is not None:
         return None
+    global TORCH_FACE
     face = TORCH_FACE
     if face is None:
         if not type(args[0]).__module__.startswith("torch"):
             return None
-        face = load_torch_face()
-    return face if face.routes(*args) else None
+        try:
+            face = load_torch_face()
+        except ImportError:
+            face = TORCH_FACE = False
+    return face if face and face.routes(*args) else None
 
 
 @functools.wraps(api.geqrf)

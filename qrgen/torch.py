@@ -16,6 +16,10 @@ import torch
 
 from . import api
 
+if not hasattr(torch.library, "custom_op"):
+    raise ImportError(f"qrgen.torch needs torch 2.4 or newer (torch.library.custom_op); this is torch "
+                      f"{torch.__version__}")
+
 Tensor = torch.Tensor
 
 
