@@ -16,17 +16,10 @@ QR_HEADER = ("| batch x shape | qrgen.qr µs | torch.linalg.qr µs | cupy.linalg
 
 
 def _default_target() -> Target:
-    """This machine's first GPU (run.launch.device_target), else the H200's sm_90."""
-    try:
-        import cupy
+    """This machine's GPU (run.launch.current_target), else the H200's sm_90."""
+    from .run.launch import current_target
 
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            from .run.launch import device_target
-
-            return device_target(0)
-    except Exception:  # no driver, no device or no NVRTC: build for the H200
-        pass
-    return Target("cuda", "sm_90")
+    return current_target() or Target("cuda", "sm_90")
 
 
 def _folder(text: str) -> Path:
@@ -238,32 +231,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _warmup(args) -> int:
-    from .compile.nvrtc import check_arch
+    from .run.launch import current_target
     from .warmup import warmup
 
+    on_gpu = not args.arch and current_target() is not None  # then also loaded there
     try:
-        target = Target.parse(args.arch) if args.arch else None
-        here = _default_target()
-        on_gpu = target is None and here.backend == "cuda" and _has_gpu()
-        check_arch(target or here)
-        report = warmup(args.cases, target=None if on_gpu else (target or here), qr=not args.no_qr,
-                        jobs=args.jobs, log=lambda b: print(f"  {b.name}: {'cached' if b.cached else f'{b.seconds:.1f} s'}",
-                                                           flush=True))
+        report = warmup(args.cases, target=None if on_gpu else Target.parse(args.arch or "sm_90"),
+                        qr=not args.no_qr, jobs=args.jobs,
+                        log=lambda b: print(f"  {b.name}: {'cached' if b.cached else f'{b.seconds:.1f} s'}", flush=True))
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"qrgen warmup: error: {exc}", file=sys.stderr)
         return 2
     print(f"{report['kernels']} kernel(s), {report['compiled']} compiled, {report['seconds']:.1f} s"
           f"{' (loaded on the GPU)' if on_gpu else ''}")
     return 0
-
-
-def _has_gpu() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
 
 
 def _markdown(args) -> int:

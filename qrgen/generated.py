@@ -9,6 +9,7 @@ from . import api
 from .run import fastpath
 from .plan.planner import check
 from .run.factorizer import Factorizer
+from .run.launch import current_target
 from .schedule.model import Schedule
 from .targets import Target
 
@@ -23,7 +24,7 @@ class GeneratedModule:
     def _get(self):
         if self._factorizer is None:
             target = Target.parse(self.arch)
-            here = _device_target()
+            here = current_target()
             if here is not None and here.arch != target.arch:
                 try:
                     check(self.schedule, here)
@@ -63,14 +64,3 @@ class GeneratedModule:
     def ormqr(self, h, tau, c, side: str = "L", transpose: bool = False):
         return api.ormqr(h, tau, c, side, transpose, factorizer=self._get())
 
-
-def _device_target() -> Target | None:
-    """The current CUDA device's target, or None where there is no device."""
-    try:
-        import cupy
-
-        from .run.launch import device_target
-
-        return device_target(cupy.cuda.Device().id)
-    except Exception:
-        return None

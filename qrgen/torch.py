@@ -108,7 +108,8 @@ def _syminvadj(x: Tensor) -> Tensor:
 def _qr_backward_tall(gq, gr, q, r):
     """A's gradient where A = QR with m >= n, reduced (torch's linalg_qr_backward):
     gA = (gQ + Q syminvadj(triu(gR R^H - Q^H gQ))) R^{-H}."""
-    m_ = gr @ r.mH if gr is not None else torch.zeros_like(r @ r.mH)
+    k = r.shape[-2]
+    m_ = gr @ r.mH if gr is not None else r.new_zeros((*r.shape[:-2], k, k))
     if gq is not None:
         m_ = m_ - q.mH @ gq
     ga = q @ _syminvadj(m_.triu())
@@ -158,8 +159,7 @@ def _hp_backward(ctx, gq):
     m, n = h.shape[-2:]
     with torch.enable_grad():
         hh, tt = h.detach().requires_grad_(), tau.detach().requires_grad_()
-        x = hh[..., :min(m, n)]
-        t = tt
+        x, t = hh[..., :min(m, n)], tt
         if ctx.complete and x.shape[-1] < m:
             x = torch.nn.functional.pad(x, (0, m - x.shape[-1]))
             t = torch.nn.functional.pad(t, (0, m - t.shape[-1]))

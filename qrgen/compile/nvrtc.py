@@ -1,6 +1,7 @@
 """CUDA sources compiled to cubin by NVRTC (through CuPy), several at once, through the kernel cache."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -54,8 +55,9 @@ def version() -> tuple[int, int]:
     return tuple(_library().getVersion())
 
 
+@functools.cache
 def supported_archs() -> tuple[str, ...]:
-    """The architectures the installed NVRTC compiles for ('sm_80', ...)."""
+    """The architectures the installed NVRTC compiles for ('sm_80', ...), asked once per process."""
     return tuple(f"sm_{a}" for a in _library().getSupportedArchs())
 
 

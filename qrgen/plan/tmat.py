@@ -4,6 +4,8 @@ blocks in shared memory for up to BLOCKED_MAX reflectors, and for up to MAX by h
 each and the corner between them."""
 from __future__ import annotations
 
+import functools
+
 from ..render.environment import environment
 from ..version import __version__
 from .specs import KernelSpec, Rendered
@@ -30,6 +32,7 @@ def shared_bytes(a: int) -> int:
     return 4 * ((2 * r1 + r2) * LD + XLD * (h if r2 else r1 - 32))
 
 
+@functools.cache
 def max_reflectors(target) -> int:
     """The most reflectors the T kernel takes on the target: MAX, or fewer (whole blocks of 32) where a block's
     shared memory cannot hold MAX's (GPUs of 99 KB a block take 64)."""

@@ -9,10 +9,11 @@ import warnings
 import numpy as np
 
 from ..compile.cache import CacheWarning
-from ..compile.nvrtc import compile_many, compile_source, supported_archs
+from ..compile.nvrtc import compile_many, compile_source, install_hint, supported_archs
 from ..plan import tf32x3, tmat
 from ..plan.family import family
 from ..targets import Target
+from ..targets.cuda import ARCHS
 
 # Launch parameters by signature code (plan/family.SIGNATURE_CODES).
 CTYPES = {"P": ctypes.c_uint64, "I": ctypes.c_int32, "L": ctypes.c_int64, "U": ctypes.c_uint32, "F": ctypes.c_float}
@@ -112,9 +113,6 @@ def target_for_capability(capability: int, nvrtc_archs: tuple[str, ...]) -> Targ
     knows (an NVRTC that cannot compile for it is an error naming the extra to install); for a GPU newer than qrgen
     knows, PTX (Target.ptx) for the newest architecture below it that qrgen and the NVRTC both know, with that
     architecture's limits, which the driver compiles for the device."""
-    from ..compile.nvrtc import install_hint
-    from ..targets.cuda import ARCHS
-
     name = f"sm_{capability}"
     if name in ARCHS:
         if name not in nvrtc_archs:
@@ -126,6 +124,19 @@ def target_for_capability(capability: int, nvrtc_archs: tuple[str, ...]) -> Targ
         raise RuntimeError(f"this GPU is {name}: qrgen supports sm_80 and newer (with this NVRTC: "
                            f"{', '.join(a for a in ARCHS if a in nvrtc_archs) or 'none'})")
     return Target("cuda", max(older, key=lambda a: int(a[3:])), ptx=True)
+
+
+def current_target() -> Target | None:
+    """The current CUDA device's target (device_target), or None where there is no GPU (no driver, no device, no
+    CuPy)."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return None
+        return device_target(cupy.cuda.Device().id)
+    except Exception:
+        return None
 
 
 def known_target(device_id: int) -> Target | None:
@@ -204,9 +215,10 @@ def tmatrix_gpu(gram, tau):
 
     batch, w = tau.shape
     device = cupy.cuda.Device().id
-    if w > t_max_gpu():
-        raise ValueError(f"blocks of at most {t_max_gpu()} reflectors on this GPU; got {w}")
-    func = common_kernel(tmat.kernel(device_target(device)), device)
+    target = device_target(device)
+    if w > tmat.max_reflectors(target):
+        raise ValueError(f"blocks of at most {tmat.max_reflectors(target)} reflectors on this GPU; got {w}")
+    func = common_kernel(tmat.kernel(target), device)
     g = cupy.ascontiguousarray(gram, dtype=cupy.float32)
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
