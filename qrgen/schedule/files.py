@@ -40,14 +40,6 @@ def schedule_path(problem: Problem, target: Target, root: Path | None = None) ->
     return Path(root or user_schedule_dir()) / target.arch / f"{problem.m}x{problem.n}_b{problem.batch}.json"
 
 
-def _batch_of(path: Path, m: int, n: int) -> int | None:
-    prefix = f"{m}x{n}_b"
-    if not (path.name.startswith(prefix) and path.suffix == ".json"):
-        return None
-    digits = path.name[len(prefix):-len(".json")]
-    return int(digits) if digits.isdigit() and int(digits) > 0 else None
-
-
 def lookup(problem: Problem, target: Target, root: Path | None = None) -> Path | None:
     """The schedule file that serves this problem: in each folder of schedule_roots(root), in order, the file for
     exactly this batch, else the one for the nearest batch within BATCH_REACH; None where no folder has one."""
@@ -56,10 +48,11 @@ def lookup(problem: Problem, target: Target, root: Path | None = None) -> Path |
         if exact.is_file():
             return exact
         arch = folder / target.arch
-        near = []
-        for path in arch.glob(f"{problem.m}x{problem.n}_b*.json") if arch.is_dir() else ():
-            batch = _batch_of(path, problem.m, problem.n)
-            if batch is not None and batch / BATCH_REACH <= problem.batch <= batch * BATCH_REACH:
+        near, prefix = [], f"{problem.m}x{problem.n}_b"
+        for path in arch.glob(f"{prefix}*.json") if arch.is_dir() else ():
+            digits = path.stem[len(prefix):]
+            batch = int(digits) if digits.isdigit() else 0
+            if batch and batch / BATCH_REACH <= problem.batch <= batch * BATCH_REACH:
                 near.append((abs(math.log(batch / problem.batch)), -batch, path))
         if near:
             return min(near)[2]
@@ -163,8 +156,8 @@ def check_precision(precision) -> None:
 def find(problem: Problem, target: Target = Target(), root: Path | None = None,
          precision: str | None = None) -> tuple[Schedule, str]:
     """The tuned schedule that serves this problem (lookup: the user's folder, then the shipped one, or `root`
-    alone), else the default; checked against the target. Returns (schedule, origin). precision="fp32": the same schedule with every stage in fp32 (a lookahead then in
-    pieces, as the heuristic takes it for fp32 products)."""
+    alone), else the default; checked against the target. Returns (schedule, origin). precision="fp32": the same
+    schedule with every stage in fp32 (a lookahead then in pieces, as the heuristic takes it for fp32 products)."""
     from ..plan.planner import check
     from .heuristic import LOOKAHEAD_PIECES, default_schedule
 
