@@ -37,4 +37,7 @@ def _own_user_schedule_folder(tmp_path_factory):
     # One kernel cache for the compile tests of a run (set QRGEN_TEST_CACHE_DIR to keep it between runs): a kernel
     # that several tests compile, such as sm_90's in the per-arch and per-family tests, is compiled once.
     os.environ.setdefault("QRGEN_TEST_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+    # First calls compile the optimized kernels before they run, so that tests comparing calls see one binary;
+    # the quick tier has tests of its own (tests/cpu/test_first_calls.py, tests/gpu/test_first_calls_gpu.py).
+    os.environ.setdefault("QRGEN_FIRST_CALL", "wait")
     yield

@@ -107,7 +107,7 @@ def main() -> int:
             order = (("old", args.old), ("new", args.new))
             for label, root in order if r % 2 == 0 else order[::-1]:
                 path = [os.path.abspath(root)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "QRGEN_FIRST_CALL": "wait"}
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", case, str(args.reps),
                                       "1" if r == 0 else "0", args.function],
                                      env=env, cwd=root, capture_output=True, text=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from qrgen.schedule.files import load
 from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.schedule.panels import CLUSTER_LANE_SLOTS, one_warp_tail, with_cluster, with_loop
 from qrgen.targets import Target
+
+# The tools time optimized kernels: a first call compiles them before it runs (qrgen.compile.background)
+os.environ.setdefault("QRGEN_FIRST_CALL", "wait")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from ..version import __version__
 from . import cache
 
 OPTIONS = ("-std=c++17", "--ptxas-options=-v")
+# A first call's first tier (compile/background.py): the optimizer's quickest setting, the same sources
+QUICK = ("--Ofast-compile=max",)
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Binary:
     seconds: float  # compile time (0 when it came from the cache)
     cached: bool
     log: str
+    quick: bool = False  # compiled with QUICK: a first call's stand-in until the optimized binary is in
 
 
 def install_hint() -> str:
@@ -70,14 +73,16 @@ def check_arch(target) -> None:
                          f"(it knows {', '.join(supported_archs())}); a newer CUDA's NVRTC does: {install_hint()}")
 
 
-def options(arch: str, ptx: bool = False) -> tuple[str, ...]:
-    """NVRTC's options: a cubin for the architecture, or with ptx=True PTX for its virtual architecture."""
-    return (f"--gpu-architecture={arch.replace('sm_', 'compute_') if ptx else arch}",) + OPTIONS
+def options(arch: str, ptx: bool = False, quick: bool = False) -> tuple[str, ...]:
+    """NVRTC's options: a cubin for the architecture, or with ptx=True PTX for its virtual architecture; quick:
+    compiled for a first call (QUICK)."""
+    return ((f"--gpu-architecture={arch.replace('sm_', 'compute_') if ptx else arch}",) + OPTIONS
+            + (QUICK if quick else ()))
 
 
 def cache_key(source: str, arch: str, opts: tuple[str, ...] | None = None, compiler: tuple[int, int] | None = None,
-              version_: str = __version__, ptx: bool = False) -> str:
-    return cache.key(source, arch, options(arch, ptx) if opts is None else opts,
+              version_: str = __version__, ptx: bool = False, quick: bool = False) -> str:
+    return cache.key(source, arch, options(arch, ptx, quick) if opts is None else opts,
                      version() if compiler is None else compiler, version_)
 
 
@@ -94,13 +99,13 @@ def parse_report(log: str) -> tuple[int, int, int]:
 ERROR_LINES = 12  # of the compiler's log in the error of a kernel that does not compile
 
 
-def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False) -> tuple[bytes, str]:
+def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False, quick: bool = False) -> tuple[bytes, str]:
     """(cubin, or PTX with ptx=True, and the compiler's log)."""
     nvrtc = _library()
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
     try:
         try:
-            nvrtc.compileProgram(prog, list(options(arch, ptx)))
+            nvrtc.compileProgram(prog, list(options(arch, ptx, quick)))
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog).splitlines()
             first = [line for line in log if "error" in line][:ERROR_LINES] or log[:ERROR_LINES]
@@ -113,32 +118,40 @@ def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False) -> tuple
         nvrtc.destroyProgram(prog)
 
 
+def cached(name: str, source: str, arch: str, ptx: bool = False, quick: bool = False) -> Binary | None:
+    """The kernel's binary from the cache, or None where it has no entry that verifies."""
+    entry = cache.read_entry(cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick)))
+    if entry is None:
+        return None
+    cubin, log = entry
+    return Binary(name, cubin, *parse_report(log), seconds=0.0, cached=True, log=log, quick=quick)
+
+
 def compile_source(name: str, source: str, arch: str, use_cache: bool = True, ptx: bool = False,
-                   refresh: bool = False) -> Binary:
+                   refresh: bool = False, quick: bool = False) -> Binary:
     """One kernel through the cache; refresh: compile and replace the entry even where one verifies (the driver
-    refused its binary)."""
-    path = cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx))
+    refused its binary); quick: with QUICK's options (an entry of its own)."""
     if use_cache and not refresh:
-        entry = cache.read_entry(path)
-        if entry is not None:
-            cubin, log = entry
-            return Binary(name, cubin, *parse_report(log), seconds=0.0, cached=True, log=log)
+        binary = cached(name, source, arch, ptx, quick)
+        if binary is not None:
+            return binary
     start = time.perf_counter()
-    cubin, log = nvrtc_compile(source, name, arch, ptx)
+    cubin, log = nvrtc_compile(source, name, arch, ptx, quick)
     seconds = time.perf_counter() - start
     if use_cache:
-        cache.write_entry(path, cubin, log)
-    return Binary(name, cubin, *parse_report(log), seconds=seconds, cached=False, log=log)
+        cache.write_entry(cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick)), cubin, log)
+    return Binary(name, cubin, *parse_report(log), seconds=seconds, cached=False, log=log, quick=quick)
 
 
 def compile_many(items: list[tuple[str, str]], target, use_cache: bool = True, jobs: int | None = None,
-                 progress=None) -> list[Binary]:
+                 progress=None, quick: bool = False) -> list[Binary]:
     """Compile (name, source) pairs for a CUDA target, several at once (NVRTC releases the GIL while it compiles);
     the binaries in the order of `items`."""
     check_arch(target)
     jobs = jobs or max(1, min(len(items), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(compile_source, name, src, target.arch, use_cache, target.ptx) for name, src in items]
+        futures = [pool.submit(compile_source, name, src, target.arch, use_cache, target.ptx, False, quick)
+                   for name, src in items]
         binaries = []
         for future in futures:
             binaries.append(future.result())

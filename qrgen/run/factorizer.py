@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import threading
 
-from ..compile.nvrtc import Binary, compile_many, compile_source
+from ..compile import background
+from ..compile.nvrtc import Binary, cached, compile_many, compile_source
 from ..plan import fused
 from ..plan.family import PANEL_SIGNATURE
 from ..plan.planner import plan
+from ..problem import Problem
 from ..render.sources import render_all
 from ..targets import Target
 from . import replay
@@ -49,6 +51,10 @@ class Factorizer:
         self.q_args: dict[int, PackedArgs] = {}
         self.lock = threading.Lock()
         self.binaries: list[Binary] = []
+        # A first call's second tier (compile/background.py): the job compiling the optimized binaries while the
+        # quick ones run, and the modules of the quick ones, kept loaded (a caller's graph may hold their kernels).
+        self._job: background.Job | None = None
+        self._retired: list[dict] = []
         self._source_of: dict[str, str] = {}  # kernel name -> source, for a rebuild
         # Workspaces kept per (device, batch, stream): calls on one stream reuse them in stream order.
         self._workspaces: dict[tuple, Workspace] = {}
@@ -67,22 +73,77 @@ class Factorizer:
                 self._keep_variant = None
         return self._keep_variant
 
-    def build(self, use_cache: bool = True, progress=None) -> list[Binary]:
-        """Render and compile every kernel (from the disk cache where it can)."""
+    def _items(self) -> list[tuple[str, str]]:
         if self.sources is not None:
             items = [(k.name, self.sources[k.name]) for k in self.kernels]
         else:
             items = [(r.name, r.source) for r in render_all(self.schedule, self.target, keep=self.keep)]
         self._source_of = dict(items)
-        self.binaries = compile_many(items, self.target, use_cache=use_cache, progress=progress)
+        return items
+
+    def build(self, use_cache: bool = True, progress=None) -> list[Binary]:
+        """Render and compile every kernel, optimized (from the disk cache where it can)."""
+        self.binaries = compile_many(self._items(), self.target, use_cache=use_cache, progress=progress)
         return self.binaries
+
+    def prepare(self, batch: int | None = None) -> None:
+        """The binaries of a first use, a call on `batch` matrices: optimized from the cache where all are there;
+        else, for a call small enough (compile/background.py; batch None: never), in two tiers: quick ones for those
+        missing and a job compiling their optimized ones."""
+        if batch is None or not background.tiered(Problem(self.m, self.n, batch).flops):
+            self.build()
+            return
+        items = self._items()
+        found = [cached(name, src, self.target.arch, self.target.ptx) for name, src in items]
+        missing = [item for item, b in zip(items, found) if b is None]
+        if not missing:
+            self.binaries = found
+            return
+        quick = iter(compile_many(missing, self.target, quick=True))
+        self.binaries = [b if b is not None else next(quick) for b in found]
+        self._job = background.Job(missing, self.target)
+
+    @property
+    def provisional(self) -> bool:
+        """Whether quick binaries (a first call's) stand in while the optimized ones compile, here or in the keep
+        plan made from this one (qr's)."""
+        keep = self._keep_variant
+        return self._job is not None or (isinstance(keep, Factorizer) and keep._job is not None)
+
+    def finish(self) -> None:
+        """Wait for the optimized binaries of a first call's second tier and change to them."""
+        job = self._job
+        if job is not None:
+            job.wait()
+            self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Change to the optimized binaries (compiled into the cache by the job; any not there are compiled
+        now). Workspaces go too: their chunk of a cooperative launch depends on the kernel's occupancy."""
+        with self.lock:
+            if self._job is None:
+                return
+            self.binaries = compile_many(list(self._source_of.items()), self.target)
+            self._retired.extend(self._functions.values())
+            self._functions = {}
+            self._workspaces.clear()
+            self._job = None
 
     def _rebuild(self, name: str) -> Binary:
         """One kernel compiled again, its cache entry replaced (the driver refused the cached binary)."""
         return compile_source(name, self._source_of[name], self.target.arch, ptx=self.target.ptx, refresh=True)
 
-    def functions(self, device_id: int) -> dict:
-        """Kernel name -> (module, function) on a device, built and loaded on first use."""
+    def functions(self, device_id: int, batch: int | None = None) -> dict:
+        """Kernel name -> (module, function) on a device, built and loaded on first use, a call on `batch` matrices
+        (in two tiers where the cache misses and the call is small: compile/background.py)."""
+        if self._job is not None:
+            if self._job.done():
+                self._upgrade()
+            else:
+                import cupy
+
+                if cupy.cuda.get_current_stream().is_capturing():  # a caller's graph keeps the optimized kernels
+                    self.finish()
         funcs = self._functions.get(device_id)
         if funcs is not None:
             return funcs
@@ -90,7 +151,7 @@ class Factorizer:
             if device_id in self._functions:
                 return self._functions[device_id]
             if not self.binaries:
-                self.build()
+                self.prepare(batch)
             specs = {k.name: k for k in self.kernels}
             funcs = {b.name: load_function(b, self.shared_bytes[b.name], specs[b.name],
                                            rebuild=lambda name=b.name: self._rebuild(name)) for b in self.binaries}
@@ -146,7 +207,7 @@ class Factorizer:
     def launch_qr(self, device_id: int, batch: int, src: int, q: int, r: int, stream: int) -> None:
         """The fused kernel's launch (run_qr) on raw pointers: src (batch, m, n) C-contiguous and aligned for its
         loads, q (batch, m, n) and r (batch, n, n) written."""
-        _, func = self.functions(device_id)[self.fused_q.name]
+        _, func = self.functions(device_id, batch)[self.fused_q.name]
         L = self.launches[0]
         # The panel kernels' parameters (PANEL_SIGNATURE): R where h goes, Q where (VT)^T goes, no tau or workspace.
         args = self.q_args.get(device_id)
@@ -164,7 +225,7 @@ class Factorizer:
         this device, batch and stream left with its packed arguments, where the input is aligned for the kernel's
         loads and the batch runs in one launch; else None."""
         ws = self._workspaces.get((device_id, batch, stream))
-        if ws is None or 0 not in ws.panel_args or ws.chunk < batch or a_ptr % (4 * self.direct_vec):
+        if ws is None or self._job is not None or 0 not in ws.panel_args or ws.chunk < batch or a_ptr % (4 * self.direct_vec):
             return None
         return ws
 

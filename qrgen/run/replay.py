@@ -10,8 +10,8 @@ eagerly). The graph's temporaries and outputs come from a memory pool of its own
 the capture can take memory the graph still writes; what outlives a graph (the workspace kept for its stream, a
 cuBLAS handle's) is made by one eager run before the capture, from the caller's allocator. A plan serves one stream
 (replays on it are ordered by the stream; the lock keeps each call's copy-in, replay and copy-out together). Calls
-made while the caller's stream is being captured (the caller's own graph) run eagerly, as do all calls with
-QRGEN_REPLAY=0 in the environment.
+made while the caller's stream is being captured (the caller's own graph) run eagerly, as do calls on a first
+call's quick kernels (compile/background.py) and all calls with QRGEN_REPLAY=0 in the environment.
 
 Graphs here (and the benchmark's) are instantiated with node priorities (`end_capture`), as torch.cuda.CUDAGraph
 instantiates its own: a lookahead schedule queues its panels' chain on a stream of the highest priority, and a graph
@@ -60,7 +60,8 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
     where the arrays hold 1 to max_floats floats (else eagerly). `key` names what fn does (its function and
     configuration); the arrays' shapes, the device and the stream are added to it. `owner`: what fn's launches
     need alive (a runtime.Factorizer), kept with the graph."""
-    if not (enabled() and 0 < sum(a.size for a in arrays) <= max_floats) or stream.is_capturing():
+    if (not (enabled() and 0 < sum(a.size for a in arrays) <= max_floats) or stream.is_capturing()
+            or getattr(owner, "provisional", False)):  # a first call's quick kernels are not worth a graph
         return fn(stream, *arrays)
     key = key + tuple((a.shape, a.dtype.str) for a in arrays) + (arrays[0].device.id, stream.ptr)
     with _LOCK:

@@ -17,7 +17,7 @@ class Workspace:
     def __init__(self, fac, batch: int, device_id: int):
         import cupy
 
-        funcs = fac.functions(device_id)
+        funcs = fac.functions(device_id, batch)
         self.chunk = batch
         for launch in fac.launches:
             if launch.blocks > 1 and not launch.cluster:  # cooperative: every block of the chunk resident
