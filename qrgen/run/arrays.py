@@ -138,19 +138,21 @@ def on_caller_stream(arr: DeviceArray):
         if arr.stream_ptr is None:
             stream = cupy.cuda.get_current_stream()
         else:
-            stream = external_stream(arr.stream_ptr)
+            stream = external_stream(arr.stream_ptr, arr.data.device.id)
             scope.enter_context(stream)
         if arr.allocator is not None:
             scope.enter_context(cupy.cuda.using_allocator(arr.allocator))
         yield stream
 
 
-_EXTERNAL_STREAMS: dict[int, object] = {}
+_EXTERNAL_STREAMS: dict[tuple[int, int], object] = {}
 
 
-def external_stream(ptr: int):
-    """CuPy's handle on another framework's stream (kept per pointer: creating one per call costs host time)."""
-    stream = _EXTERNAL_STREAMS.get(ptr)
+def external_stream(ptr: int, device: int):
+    """CuPy's handle on another framework's stream of a device, made with that device current (kept per device and
+    pointer: creating one per call costs host time, and pointer 0, the legacy default stream, is every device's)."""
+    key = (device, ptr)
+    stream = _EXTERNAL_STREAMS.get(key)
     if stream is None:
         import cupy
 
@@ -159,6 +161,7 @@ def external_stream(ptr: int):
                 return (0, ptr)
 
         from_external = getattr(cupy.cuda.Stream, "from_external", None)
-        stream = from_external(_Handle()) if from_external else cupy.cuda.ExternalStream(ptr)
-        _EXTERNAL_STREAMS[ptr] = stream
+        with cupy.cuda.Device(device):
+            stream = from_external(_Handle()) if from_external else cupy.cuda.ExternalStream(ptr, device)
+        _EXTERNAL_STREAMS[key] = stream
     return stream
