@@ -245,7 +245,7 @@ def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None
     a lookahead schedule then runs on one stream (each launch timed alone), else on its two streams."""
     import cupy
 
-    funcs = fac.functions(device_id)
+    funcs = ws.funcs  # the kernels the workspace's chunk was sized for
     batch = h.shape[0]
     streams = ws.streams if stages is None else None
     with streams.from_stream(cupy.cuda.get_current_stream()) if streams else contextlib.nullcontext():

@@ -136,8 +136,9 @@ class Factorizer:
     def functions(self, device_id: int, batch: int | None = None) -> dict:
         """Kernel name -> (module, function) on a device, built and loaded on first use, a call on `batch` matrices
         (in two tiers where the cache misses and the call is small: compile/background.py)."""
-        if self._job is not None:
-            if self._job.done():
+        job = self._job
+        if job is not None:
+            if job.done():
                 self._upgrade()
             else:
                 import cupy
@@ -248,6 +249,8 @@ class Factorizer:
         import cupy
 
         device_id = a.device.id
+        if self._job is not None:  # a first call's second tier: changes to it here if it is done (or captured)
+            self.functions(device_id)
         key = (device_id, a.shape[0], stream.ptr)
         workspace = self._workspaces.get(key)
         if workspace is None:

@@ -17,7 +17,9 @@ class Workspace:
     def __init__(self, fac, batch: int, device_id: int):
         import cupy
 
-        funcs = fac.functions(device_id, batch)
+        # The kernels this workspace runs: a cooperative launch's chunk below depends on their occupancy, so a
+        # first call's change to the optimized binaries (Factorizer.functions) comes with new workspaces.
+        funcs = self.funcs = fac.functions(device_id, batch)
         self.chunk = batch
         for launch in fac.launches:
             if launch.blocks > 1 and not launch.cluster:  # cooperative: every block of the chunk resident

@@ -89,11 +89,12 @@ def test_a_capture_during_the_quick_tier_holds_the_optimized_kernels(empty_cache
     host, _ = mixed(176, 176, len(FAMILIES), seed=7)
     a = cupy.asarray(host)
     fac = fresh(176, 176, len(FAMILIES))
-    fac(a)  # eager, quick
-    assert fac.provisional
-    HeldJob.release = True  # the capture waits for the job (it would otherwise wait forever)
     stream = cupy.cuda.Stream(non_blocking=True)
     static = a.copy()
+    with stream:
+        fac(a)  # eager, quick, on the stream captured next (its workspace kept for that stream)
+    assert fac.provisional
+    HeldJob.release = True  # the capture waits for the job (it would otherwise wait forever)
     with stream:
         stream.begin_capture()
         h, tau = fac(static)
