@@ -99,9 +99,14 @@ class Factorizer:
         if not missing:
             self.binaries = found
             return
-        quick = iter(compile_many(missing, self.target, quick=True))
+        try:
+            quick = iter(compile_many(missing, self.target, quick=True))
+            job = background.Job(missing, self.target)
+        except (OSError, RuntimeError):  # no second process, or a kernel only the optimizer compiles: one tier
+            self.build()
+            return
         self.binaries = [b if b is not None else next(quick) for b in found]
-        self._job = background.Job(missing, self.target)
+        self._job = job
 
     @property
     def provisional(self) -> bool:
@@ -226,7 +231,8 @@ class Factorizer:
         this device, batch and stream left with its packed arguments, where the input is aligned for the kernel's
         loads and the batch runs in one launch; else None."""
         ws = self._workspaces.get((device_id, batch, stream))
-        if ws is None or self._job is not None or 0 not in ws.panel_args or ws.chunk < batch or a_ptr % (4 * self.direct_vec):
+        if (ws is None or self._job is not None or 0 not in ws.panel_args or ws.chunk < batch
+                or a_ptr % (4 * self.direct_vec)):
             return None
         return ws
 

@@ -118,3 +118,14 @@ def test_problem_flops():
     assert Problem(1000, 1000).flops == pytest.approx(2e9 - 2e9 / 3)
     assert Problem(1000, 10, 3).flops == pytest.approx(3 * (2 * 1000 * 100 - 2000 / 3))
     assert Problem(10, 1000, 3).flops == Problem(1000, 10, 3).flops
+
+
+@needs_nvrtc
+def test_no_second_process_means_one_tier(empty_cache, monkeypatch):
+    def refuse(*args):
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(background, "Job", refuse)
+    fac = small_factorizer()
+    fac.prepare(20)
+    assert not fac.provisional and fac.binaries and not any(b.quick for b in fac.binaries)
