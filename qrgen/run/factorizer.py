@@ -2,6 +2,7 @@
 arrays of that shape through the CUDA engine (graph replay where it pays, one launch where that is all)."""
 from __future__ import annotations
 
+import logging
 import math
 import threading
 
@@ -18,6 +19,8 @@ from .arrays import as_device_array, on_caller_stream
 from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function
 from .workspace import Workspace
+
+log = logging.getLogger("qrgen")  # what a first call compiles, at INFO (silent unless the caller configures logging)
 
 
 class Factorizer:
@@ -90,8 +93,11 @@ class Factorizer:
         """The binaries of a first use, a call on `batch` matrices: optimized from the cache where all are there;
         else, for a call small enough (compile/background.py; batch None: never), in two tiers: quick ones for those
         missing and a job compiling their optimized ones."""
+        what = f"{self.m}x{self.n} ({self.target.arch})"
         if batch is None or not background.tiered(Problem(self.m, self.n, batch).flops):
             self.build()
+            if any(not b.cached for b in self.binaries):
+                log.info("qrgen: compiled %d kernels of %s", sum(not b.cached for b in self.binaries), what)
             return
         items = self._items()
         found = [cached(name, src, self.target.arch, self.target.ptx) for name, src in items]
@@ -107,6 +113,8 @@ class Factorizer:
             return
         self.binaries = [b if b is not None else next(quick) for b in found]
         self._job = job
+        log.info("qrgen: %d kernels of %s compiled quickly; the optimized ones compile in process %d",
+                 len(missing), what, job.process.pid)
 
     @property
     def provisional(self) -> bool:
@@ -133,6 +141,7 @@ class Factorizer:
             self._functions = {}
             self._workspaces.clear()
             self._job = None
+        log.info("qrgen: %dx%d (%s) now runs its optimized kernels", self.m, self.n, self.target.arch)
 
     def _rebuild(self, name: str) -> Binary:
         """One kernel compiled again, its cache entry replaced (the driver refused the cached binary)."""

@@ -2,6 +2,7 @@
 second tier's process compiles the optimized ones into the cache, and a Factorizer made with an empty cache starts
 on quick binaries and changes to the optimized ones when that process is done; with a warm cache, with
 QRGEN_FIRST_CALL=wait or with no writable cache there is one tier."""
+import logging
 import os
 
 import pytest
@@ -81,11 +82,14 @@ def test_the_second_tier_process_fills_the_cache(empty_cache):
 
 
 @needs_nvrtc
-def test_a_first_use_with_an_empty_cache_runs_quick_binaries_until_the_optimized_ones_are_in(empty_cache):
+def test_a_first_use_with_an_empty_cache_runs_quick_binaries_until_the_optimized_ones_are_in(empty_cache, caplog):
     fac = small_factorizer()
-    fac.prepare(20)
-    assert fac.provisional and fac.binaries and all(b.quick and not b.cached for b in fac.binaries)
-    fac.finish()
+    with caplog.at_level(logging.INFO, logger="qrgen"):
+        fac.prepare(20)
+        assert fac.provisional and fac.binaries and all(b.quick and not b.cached for b in fac.binaries)
+        fac.finish()
+    assert "compiled quickly; the optimized ones compile in process" in caplog.text
+    assert "now runs its optimized kernels" in caplog.text
     assert not fac.provisional
     assert fac.binaries and not any(b.quick for b in fac.binaries)
     assert all(b.cached for b in fac.binaries)  # compiled by the second tier's process, read from the cache
