@@ -15,6 +15,8 @@ REFERENCE_CASES = ((20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512)
                    (8, 2048, 2048), (2, 4096, 4096))
 SINGLE_TALL_CASES = ((1, 4096, 4096), (1, 2048, 2048), (1, 4096, 1024), (1, 8192, 512), (1, 100000, 32),
                      (1, 40000, 256))
+SMALL_CASES = ((1000, 64, 64), (500, 128, 128), (100, 256, 256), (4000, 16, 16))  # many small matrices
+UNTUNED_CASES = ((7, 300, 300), (500, 128, 128), (16, 256, 1024), (3, 3000, 3000))  # no shipped file of their own
 FLUSH_BYTES = 256 << 20
 
 
@@ -374,6 +376,16 @@ def run_qr_case(batch: int, m: int, n: int, reps: int = 10, seed: int = 0) -> st
 
 
 QR_CASES = REFERENCE_CASES + ((20000, 32, 32),)
+
+
+def case_sets(qr: bool = False, tall: bool = False, small: bool = False, untuned: bool = False) -> tuple:
+    """`qrgen bench`'s default cases: qr's with qr=True, else the sets asked for in this order (tall, small,
+    untuned; a case in two of them once), else the reference batches."""
+    if qr:
+        return QR_CASES
+    chosen = [c for flag, cases in ((tall, SINGLE_TALL_CASES), (small, SMALL_CASES), (untuned, UNTUNED_CASES))
+              if flag for c in cases]
+    return tuple(dict.fromkeys(chosen)) or REFERENCE_CASES
 
 
 MARKDOWN_FAMILIES = ("mixed", "rankdef", "normspread")  # the hostile batches of the reference table

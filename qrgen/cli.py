@@ -136,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("cases", nargs="*", type=_case, metavar="BATCHxMxN",
                    help="cases such as 60x1024x1024; default: the seven reference batches")
     s.add_argument("--tall", action="store_true", help="the single and tall cases instead of the reference batches")
+    s.add_argument("--small", action="store_true", help="many small matrices (1000x64x64 and the like) instead")
+    s.add_argument("--untuned", action="store_true",
+                   help="shapes with no shipped schedule file of their own (the default heuristic) instead")
     s.add_argument("--qr", action="store_true",
                    help="time qrgen.qr(mode='reduced') against torch.linalg.qr and cupy.linalg.qr instead "
                         "(default cases: the reference batches and 20000x32x32)")
@@ -148,8 +151,8 @@ def parser() -> argparse.ArgumentParser:
                         f"{', '.join(FAMILIES)}), e.g. rankdef")
     s.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                    help="run the reference batches (with the mixed, rankdef and normspread batches), the single and "
-                        "tall cases and qr against torch, and write the tables with the device and versions to FILE "
-                        "(BENCHMARKS.md)")
+                        "tall cases, the many small matrices (with a mixed batch), the untuned shapes and qr against "
+                        "torch, and write the tables with the device and versions to FILE (BENCHMARKS.md)")
     s.add_argument("--profile", action="store_true",
                    help="also print each case's GPU time by stage (panel kernels, trailing-update GEMMs and of "
                         "them the panels' own products, the "
@@ -197,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "warmup":
         return _warmup(args)
     if args.command == "bench":
-        from .bench import QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, profile_case, run_case, run_qr_case, table
+        from .bench import case_sets, profile_case, run_case, run_qr_case, table
 
-        cases = args.cases or (QR_CASES if args.qr else SINGLE_TALL_CASES if args.tall else REFERENCE_CASES)
+        cases = args.cases or case_sets(args.qr, args.tall, args.small, args.untuned)
         try:
             import cupy
 
@@ -248,9 +251,10 @@ def _warmup(args) -> int:
 
 
 def _markdown(args) -> int:
-    """The reference batches, the single and tall cases and qr, written to args.markdown after each table."""
-    from .bench import (MARKDOWN_FAMILIES, QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, environment_facts,
-                        markdown_document, run_case, run_qr_case, table)
+    """The reference batches, the single and tall cases, many small matrices, shapes with no tuned file and qr,
+    written to args.markdown after each table."""
+    from .bench import (MARKDOWN_FAMILIES, QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, SMALL_CASES, UNTUNED_CASES,
+                        environment_facts, markdown_document, run_case, run_qr_case, table)
 
     facts, sections = environment_facts(), []
     command = f"qrgen bench --markdown {args.markdown.name} --reps {args.reps}"
@@ -259,7 +263,9 @@ def _markdown(args) -> int:
         args.markdown.write_text(markdown_document(sections, command, facts))
 
     for title, cases, hostile in (("Reference batches", REFERENCE_CASES, MARKDOWN_FAMILIES),
-                                  ("Single and tall matrices", SINGLE_TALL_CASES, ())):
+                                  ("Single and tall matrices", SINGLE_TALL_CASES, ()),
+                                  ("Many small matrices", SMALL_CASES, ("mixed",)),
+                                  ("Shapes with no tuned file of their own", UNTUNED_CASES, ())):
         rows = []
         for batch, m, n in cases:
             rows.append(run_case(batch, m, n, reps=args.reps, with_torch=not args.no_torch, hostile=hostile))

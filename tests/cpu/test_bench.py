@@ -1,12 +1,14 @@
-"""CPU layer: the benchmark's table, its work floors of a launch sequence, and the CLI's refusal without a GPU."""
+"""CPU layer: the benchmark's table, its work floors of a launch sequence, its case sets, and the CLI's refusal
+without a GPU."""
 import pytest
 
 from conftest import GPU
-from qrgen.bench import CEILING_BYTES, CEILING_FLOPS, Timing, floors_text, gemm_flops, stage_work, table
+from qrgen.bench import (CEILING_BYTES, CEILING_FLOPS, QR_CASES, REFERENCE_CASES, SINGLE_TALL_CASES, SMALL_CASES,
+                         UNTUNED_CASES, Timing, case_sets, floors_text, gemm_flops, stage_work, table)
 from qrgen.cli import main
 from qrgen.problem import Problem
 from qrgen.run.factorizer import Factorizer
-from qrgen.schedule.files import find
+from qrgen.schedule.files import find, lookup
 from qrgen.schedule.model import Panel, Schedule
 from qrgen.targets import Target
 
@@ -64,3 +66,17 @@ def test_floors_account_for_the_factorization(batch, m, n):
 def test_bench_refuses_without_gpu(capsys):
     assert main(["bench", "2x64x64"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_case_sets():
+    assert case_sets() == REFERENCE_CASES
+    assert case_sets(qr=True, tall=True) == QR_CASES
+    assert case_sets(tall=True) == SINGLE_TALL_CASES
+    both = case_sets(small=True, untuned=True)
+    assert both[:len(SMALL_CASES)] == SMALL_CASES
+    assert len(both) == len(set(SMALL_CASES + UNTUNED_CASES)) and (500, 128, 128) in both  # in both sets, once
+
+
+@pytest.mark.parametrize("batch,m,n", UNTUNED_CASES)
+def test_untuned_cases_have_no_schedule_file(batch, m, n):
+    assert lookup(Problem(m, n, batch), Target("cuda", "sm_90")) is None
