@@ -1,10 +1,11 @@
 """First calls with an empty kernel cache and with a warm one: for each case, a fresh process with a cache folder
 of its own (and a driver compute cache of its own, where NVRTC keeps what it compiles too) times qrgen.geqrf's
-first call (the GPU context made and the input on the GPU before the clock starts),
-checks the gates on its result (a batch of every stress family), times calls on the quick tier while it lasts, the
-wait until the optimized binaries are in, calls on those, and whether the two tiers' results are bit-identical;
-then qrgen.qr's first call. A second fresh process on the same cache times the warm first calls. With --wait, a
-third process times the cold first call with QRGEN_FIRST_CALL=wait (one tier, the optimized binaries first).
+first call (the GPU context made and the input, a batch of every stress family, on the GPU before the clock
+starts), one call on the quick tier while it lasts, the wait until the optimized binaries are in and a call on
+those; then it checks both results against the gates (after the second tier is done: the host's float64 checks
+would compete with it), whether they are bit-identical, and times qrgen.qr's first call. A second fresh process on
+the same caches times the warm first calls. With --wait, a third process times the cold first call with
+QRGEN_FIRST_CALL=wait (one tier, the optimized binaries first).
 
     python3 tools/first_calls.py 59x1024x1024 1000x64x64 [--wait] [--out first.json]
 """
