@@ -75,9 +75,13 @@ class Job:
         # The caller's qrgen; NVRTC's own copy of what it compiles in the driver's compute cache left out (qrgen's
         # cache keeps the binaries, and the caller's process holds that cache too)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), CUDA_CACHE_DISABLE="1")
-        self.process = subprocess.Popen([sys.executable, "-m", "qrgen.compile.background", self.path], env=env,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.process = subprocess.Popen([sys.executable, "-m", "qrgen.compile.background", self.path], env=env,
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            os.unlink(self.path)
+            raise
 
     def done(self) -> bool:
         return self.process.poll() is not None

@@ -133,3 +133,14 @@ def test_no_second_process_means_one_tier(empty_cache, monkeypatch):
     fac = small_factorizer()
     fac.prepare(20)
     assert not fac.provisional and fac.binaries and not any(b.quick for b in fac.binaries)
+
+
+def test_a_job_that_cannot_start_leaves_no_file(tmp_path, monkeypatch):
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    with pytest.raises(OSError):
+        background.Job([("first_call_probe", KERNEL)], TARGET)
+    assert not list(tmp_path.iterdir())
