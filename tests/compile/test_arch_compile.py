@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qrgen.bench import REFERENCE_CASES, SINGLE_TALL_CASES
+from qrgen.bench import REFERENCE_CASES, SINGLE_TALL_CASES, SMALL_CASES, UNTUNED_CASES
 from qrgen.compile.nvrtc import compile_many, supported_archs
 from qrgen.problem import Problem
 from qrgen.render.sources import render_all
@@ -29,13 +29,20 @@ def budget(name: str, arch: str) -> int:
 GPUS = [a for a in ARCHS if not a.endswith("a")]  # sm_90a is sm_90 with its arch-specific instructions
 
 
-def kernels(target):
-    """{source: name} of every kernel the picked schedules of the reference, single and tall cases need."""
+def kernels(target, cases=REFERENCE_CASES + SINGLE_TALL_CASES):
+    """{source: name} of every kernel the picked schedules of the cases (default: the reference, single and tall
+    ones) need, for geqrf and for qr's keep plans where the schedule has one."""
     found = {}
-    for batch, m, n in REFERENCE_CASES + SINGLE_TALL_CASES:
+    for batch, m, n in cases:
         schedule, _ = find(Problem(m, n, batch), target)
         for keep in (False, True):
-            for r in render_all(schedule, target, keep=keep):
+            try:
+                rendered = render_all(schedule, target, keep=keep)
+            except ValueError:  # no keep plan for this schedule (a "whole" one): qr forms Q from h and tau
+                if not keep:
+                    raise
+                continue
+            for r in rendered:
                 found[r.source] = r.name
     return found
 
@@ -54,6 +61,17 @@ def test_picked_schedules_compile_for_every_arch(arch, monkeypatch):
     over = [(b.name, b.spill_bytes, b.stack_bytes) for b in binaries
             if max(b.spill_bytes, b.stack_bytes) > budget(b.name, arch)]
     assert len(binaries) == len(items) and not over, over
+
+
+@needs_nvrtc
+def test_the_many_small_and_untuned_sets_compile_without_spills_for_sm_90(monkeypatch):
+    """qrgen bench's --small and --untuned sets (the default heuristic's schedules), on the one arch they are timed
+    on here."""
+    monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ["QRGEN_TEST_CACHE_DIR"])
+    target = Target("cuda", "sm_90")
+    items = [(name, source) for source, name in kernels(target, SMALL_CASES + UNTUNED_CASES).items()]
+    binaries = compile_many(items, target)
+    assert [(b.name, b.spill_bytes, b.stack_bytes) for b in binaries if b.spill_bytes or b.stack_bytes] == []
 
 
 def test_the_listed_archs_are_the_ones_asked_for():
