@@ -118,28 +118,33 @@ def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False, quick: b
         nvrtc.destroyProgram(prog)
 
 
-def cached(name: str, source: str, arch: str, ptx: bool = False, quick: bool = False) -> Binary | None:
-    """The kernel's binary from the cache, or None where it has no entry that verifies."""
-    entry = cache.read_entry(cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick)))
+def _read(path, name: str, quick: bool) -> Binary | None:
+    entry = cache.read_entry(path)
     if entry is None:
         return None
     cubin, log = entry
     return Binary(name, cubin, *parse_report(log), seconds=0.0, cached=True, log=log, quick=quick)
 
 
+def cached(name: str, source: str, arch: str, ptx: bool = False, quick: bool = False) -> Binary | None:
+    """The kernel's binary from the cache, or None where it has no entry that verifies."""
+    return _read(cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick)), name, quick)
+
+
 def compile_source(name: str, source: str, arch: str, use_cache: bool = True, ptx: bool = False,
                    refresh: bool = False, quick: bool = False) -> Binary:
     """One kernel through the cache; refresh: compile and replace the entry even where one verifies (the driver
     refused its binary); quick: with QUICK's options (an entry of its own)."""
+    path = cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick))
     if use_cache and not refresh:
-        binary = cached(name, source, arch, ptx, quick)
+        binary = _read(path, name, quick)
         if binary is not None:
             return binary
     start = time.perf_counter()
     cubin, log = nvrtc_compile(source, name, arch, ptx, quick)
     seconds = time.perf_counter() - start
     if use_cache:
-        cache.write_entry(cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick)), cubin, log)
+        cache.write_entry(path, cubin, log)
     return Binary(name, cubin, *parse_report(log), seconds=seconds, cached=False, log=log, quick=quick)
 
 

@@ -131,12 +131,15 @@ class Factorizer:
             self._upgrade()
 
     def _upgrade(self) -> None:
-        """Change to the optimized binaries (compiled into the cache by the job; any not there are compiled
-        now). Workspaces go too: their chunk of a cooperative launch depends on the kernel's occupancy."""
+        """Change the quick binaries for the optimized ones (compiled into the cache by the job; any not there are
+        compiled now). Workspaces go too: their chunk of a cooperative launch depends on the kernel's occupancy."""
         with self.lock:
             if self._job is None:
                 return
-            self.binaries = compile_many(list(self._source_of.items()), self.target)
+            quick = [b.name for b in self.binaries if b.quick]
+            optimized = dict(zip(quick, compile_many([(name, self._source_of[name]) for name in quick],
+                                                     self.target)))
+            self.binaries = [optimized.get(b.name, b) for b in self.binaries]
             self._retired.extend(self._functions.values())
             self._functions = {}
             self._workspaces.clear()
