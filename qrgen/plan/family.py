@@ -43,7 +43,8 @@ def panel_family(variant: str):
 
 def family(spec: KernelSpec):
     """The module of a kernel spec's family."""
-    name = {"project": "rowsplit", "update": "rowsplit"}.get(spec.variant, spec.variant)
+    name = {"project": "rowsplit", "update": "rowsplit", "msl_gemm": "msl", "msl_tmat": "msl"}.get(spec.variant,
+                                                                                               spec.variant)
     return importlib.import_module(f"{__package__}.{name}")
 
 
@@ -87,9 +88,12 @@ def rows_slots(panel, rows: int) -> int:
 
 
 def render_panel(spec: KernelSpec, schedule, target, min_blocks: int = 1) -> Rendered:
-    """A panel kernel's source (templates/<backend>/qr.cu.j2, one launch contract for every panel variant)."""
-    template = environment().get_template(f"{target.record.template_dir}/qr.cu.j2")
+    """A panel kernel's source (templates/<backend>/qr<suffix>.j2, one launch contract for every panel variant of a
+    backend)."""
+    record = target.record
+    template = environment().get_template(f"{record.template_dir}/qr{record.suffix}.j2")
+    extra = importlib.import_module(record.families).render_panel(spec, schedule) if record.families else {}
     source = template.render(version=__version__, m=schedule.m, n=schedule.n, k_total=min(schedule.m, schedule.n),
                              arch=target.arch, gram_code=PRECISION_CODE[schedule.precision.gram], k=spec,
-                             min_blocks=min_blocks)
+                             min_blocks=min_blocks, **extra)
     return Rendered(spec.name, source)

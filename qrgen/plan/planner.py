@@ -2,6 +2,7 @@
 checking that the target can run every kernel (registers, shared memory, cluster sizes, features)."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, replace
 
 from ..targets import Target
@@ -36,7 +37,9 @@ def resources(schedule, index: int, target: Target) -> PanelResources:
 def check(schedule, target: Target) -> None:
     """ValueError naming the panel and what it lacks where the target cannot run a kernel of the schedule."""
     limits = target.limits
-    if schedule.aggregate > tmat.max_reflectors(target):
+    if target.record.families:
+        importlib.import_module(target.record.families).check(schedule, target)
+    elif schedule.aggregate > tmat.max_reflectors(target):
         raise ValueError(f"Schedule.aggregate is {schedule.aggregate} columns; the T kernel takes at most "
                          f"{tmat.max_reflectors(target)} on {target.arch} (its shared memory)")
     for index, panel in enumerate(schedule.panels):
@@ -95,6 +98,9 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                                levels=tsqr_levels(rows, panel.width, panel.tile) if panel.variant == "tsqr" else (),
                                tile=panel.tile, inner=panel.slice if whole else 0))
     kernels = [_named(spec, cols) for spec, cols in keys.items()]
+    if target.record.families:  # the backend's own product kernels (Metal: plan/msl.py)
+        kernels += importlib.import_module(target.record.families).product_kernels(schedule, launches, aggs, keep)
+        return Plan(tuple(kernels), tuple(launches), aggs, kept_blocks(launches, aggs) if keep else (), keep)
     fused_q = None if keep else fused_q_kernel(kernels, launches)
     if fused_q is not None:
         kernels.append(fused_q)

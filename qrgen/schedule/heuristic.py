@@ -2,6 +2,8 @@
 is in docs/decisions.md under the name it cites."""
 from __future__ import annotations
 
+import importlib
+
 import math
 from dataclasses import dataclass
 
@@ -155,6 +157,8 @@ def default_whole(problem: Problem) -> Panel | None:
 
 
 def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
+    if target.record.heuristic:  # a backend with its own (Metal: schedule/apple.py)
+        return importlib.import_module(target.record.heuristic).default_schedule(problem, target)
     whole = default_whole(problem)
     if whole is not None:
         return Schedule(problem.m, problem.n, (whole,))

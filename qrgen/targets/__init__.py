@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import cpu, cuda
-from .records import (ASYNC_COPY, CLUSTERS, COOPERATIVE, FEATURES, MBARRIER, TF32_MMA, Arch, Backend,  # noqa: F401
-                      Limits)
+from . import cpu, cuda, metal
+from .records import (ASYNC_COPY, CLUSTERS, COOPERATIVE, FEATURES, MBARRIER, SIMDGROUP_MATRIX,  # noqa: F401
+                      TF32_MMA, Arch, Backend, Limits)
 
 
-BACKENDS = {cuda.BACKEND.name: cuda.BACKEND, cpu.BACKEND.name: cpu.BACKEND}
+BACKENDS = {b.name: b for b in (cuda.BACKEND, cpu.BACKEND, metal.BACKEND)}
 
 
 def backend(name: str) -> Backend:
@@ -24,7 +24,7 @@ def backend(name: str) -> Backend:
 
 @dataclass(frozen=True)
 class Target:
-    """Where kernels run: a backend and one of its architectures (CUDA: 'sm_90'; the CPU backend: 'numpy').
+    """Where kernels run: a backend and one of its architectures (CUDA: 'sm_90'; Metal: 'apple9'; the CPU backend: 'numpy').
 
     ptx: the kernels are compiled to PTX for `arch` and the driver compiles that for the device: a GPU newer than
     qrgen or the installed NVRTC knows runs the newest architecture both know, with that architecture's limits."""
@@ -58,10 +58,13 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> "Target":
-        """'sm_90' -> Target('cuda', 'sm_90'); 'cpu' or 'numpy' -> the CPU backend; 'cuda:sm_80' and the like."""
+        """'sm_90' -> Target('cuda', 'sm_90'); 'apple9' -> Target('metal', 'apple9'); 'cpu' or 'numpy' -> the CPU
+        backend; 'cuda:sm_80' and the like."""
         if ":" in text:
             name, arch = text.split(":", 1)
             return cls(name, arch)
         if text in ("cpu", "numpy"):
             return cls("cpu", "numpy")
+        if text.startswith("apple"):
+            return cls("metal", text)
         return cls("cuda", text)

@@ -9,7 +9,8 @@ MBARRIER = "mbarrier"  # shared-memory barriers with transaction counts
 ASYNC_COPY = "async_copy"  # cp.async global-to-shared copies
 TF32_MMA = "tf32_mma"  # tensor-core products with tf32 inputs (mma.sync m16n8k8)
 COOPERATIVE = "cooperative"  # cooperative launches (every block of a grid resident at once)
-FEATURES = (CLUSTERS, MBARRIER, ASYNC_COPY, TF32_MMA, COOPERATIVE)
+SIMDGROUP_MATRIX = "simdgroup_matrix"  # Metal's 8x8 simdgroup matrix products
+FEATURES = (CLUSTERS, MBARRIER, ASYNC_COPY, TF32_MMA, COOPERATIVE, SIMDGROUP_MATRIX)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Backend:
     compiler: str  # module path of its compile function (compile(items, target, ...))
     engine: str  # module path of the engine that runs a plan
     describe_arch: str  # what an arch name looks like, for errors
+    # module path of the backend's own kernel families beside the panels (check, product_kernels, render_panel),
+    # where they are not CUDA's (plan/planner.py)
+    families: str = ""
+    heuristic: str = ""  # module path of its default schedule (default_schedule), where it is not CUDA's
 
     def arch(self, name: str) -> Arch:
         found = self.archs.get(name)

@@ -1,0 +1,95 @@
+"""The Metal backend's kernel families beside its panels: the rows panel as templates/metal/qr.metal.j2 renders it
+(one threadgroup per matrix, the loop over columns unrolled by the template), the GEMM of the trailing, merge and
+Q products on simdgroup matrices (templates/metal/gemm.metal.j2: one kernel per transpose and scaling pattern the
+launch sequence uses) and T of an aggregate (templates/metal/tmat.metal.j2). What Metal kernels may do, and how
+their threadgroup memory is passed, is templates/metal/dialect.h's; the planner asks this module (plan/planner.py,
+through the backend record's `families`) which kernels a schedule needs and whether Metal can run it."""
+from __future__ import annotations
+
+from ..render.environment import environment
+from ..version import __version__
+from .specs import KernelSpec, Rendered
+
+PANEL_VARIANTS = ("rows",)
+TMAT_MAX = 256  # reflectors of the T kernel (rows of T in device memory: no threadgroup memory bound)
+GEMM_THREADS = 128
+GEMM_TILE = 32
+GEMM_TG_FLOATS = 32 * 16 + 16 * 32 + 32 * 32
+# The launch sequence's products (run/sequence.drive, drive_q) by stage: (op(A) transposed, op(B) transposed, alpha,
+# beta). Q's products take the trailing update's patterns.
+GEMM_KINDS = {"project": (False, False, 1.0, 0.0), "update": (True, False, -1.0, 1.0),
+              "gram": (False, True, 1.0, 0.0), "aggregate": (True, False, 1.0, 0.0)}
+STAGE_KIND = {"project": "project", "update": "update", "gram": "gram", "aggregate": "aggregate",
+              "qproject": "project", "qupdate": "update"}
+
+
+def panel_tg_floats(spec: KernelSpec) -> int:
+    """Threadgroup memory of a rows panel kernel, in floats (qr.metal.j2's layout)."""
+    warps, w = spec.threads // 32, spec.width
+    return warps * 33 + 33 + 64 + 2 * w * (w + 1) + 32
+
+
+def gemm_name(kind: str) -> str:
+    ta, tb, alpha, beta = GEMM_KINDS[kind]
+    return f"qr_gemm_{'t' if ta else 'n'}{'t' if tb else 'n'}_a{'m' if alpha < 0 else ''}1_b{int(beta)}"
+
+
+def gemm_kernel(kind: str) -> KernelSpec:
+    return KernelSpec(gemm_name(kind), "msl_gemm", 0, GEMM_THREADS, 1, 0, 1, False, 0, 4 * GEMM_TG_FLOATS, (),
+                      kind=kind)
+
+
+def tmat_kernel() -> KernelSpec:
+    return KernelSpec("qr_tmat", "msl_tmat", 0, 1024, 1, 0, 1, False, 0, 16, ())
+
+
+def check(schedule, target) -> None:
+    """ValueError naming what a Metal target cannot run: panels other than one-threadgroup rows panels with the loop
+    unrolled, products other than fp32 through the backend's GEMM, power-of-two scaling, aggregates over TMAT_MAX."""
+    for index, panel in enumerate(schedule.panels):
+        if panel.variant not in PANEL_VARIANTS or panel.blocks != 1 or panel.cluster or panel.loop:
+            raise ValueError(f"Schedule.panels[{index}] ({panel.variant}, {panel.blocks} block(s)"
+                             f"{', cluster' if panel.cluster else ''}{', loop' if panel.loop else ''}): Metal runs "
+                             f"panels of variant {PANEL_VARIANTS} on one threadgroup, the loop over columns unrolled")
+    if schedule.panel_update != "cublas":
+        raise ValueError(f"Schedule.panel_update {schedule.panel_update!r}: on Metal the panels' own products run "
+                         f"through the backend's GEMM kernels ('cublas')")
+    stages = {s: getattr(schedule.precision, s) for s in ("gram", "project", "update")}
+    if any(p != "fp32" for p in stages.values()):
+        raise ValueError(f"Schedule.precision {stages}: Metal's kernels take fp32 in every stage so far")
+    if schedule.aggregate > TMAT_MAX:
+        raise ValueError(f"Schedule.aggregate {schedule.aggregate}: Metal's T kernel takes at most {TMAT_MAX}")
+
+
+def product_kernels(schedule, launches, aggregates, keep: bool) -> list[KernelSpec]:
+    """The GEMM and T kernels a plan's launch sequence calls."""
+    kinds = []
+    if keep or any(L.nc > 0 for L in launches) or any(a.nc > 0 for a in aggregates):
+        kinds += ["project", "update"]
+    merged = [a for a in aggregates if a.nc > 0 or keep]
+    if merged:
+        kinds += ["gram", "aggregate"]
+    return [gemm_kernel(k) for k in kinds] + ([tmat_kernel()] if merged else [])
+
+
+def _literal(x: float) -> str:
+    return f"{x:.1f}f"
+
+
+def render(spec: KernelSpec, schedule, target) -> Rendered:
+    env, common = environment(), dict(version=__version__, arch=target.arch, k=spec)
+    if spec.variant == "msl_gemm":
+        ta, tb, alpha, beta = GEMM_KINDS[spec.kind]
+        source = env.get_template("metal/gemm.metal.j2").render(
+            **common, ta=ta, tb=tb, alpha=alpha, beta=beta, alpha_literal=_literal(alpha),
+            beta_literal=_literal(beta), tg_floats=GEMM_TG_FLOATS)
+    elif spec.variant == "msl_tmat":
+        source = env.get_template("metal/tmat.metal.j2").render(**common, tmat_max=TMAT_MAX)
+    else:
+        raise ValueError(f"no Metal kernel family {spec.variant!r}")
+    return Rendered(spec.name, source)
+
+
+def render_panel(spec: KernelSpec, schedule) -> dict:
+    """The template variables of a rows panel kernel on Metal beside the common ones (plan/family.render_panel)."""
+    return {"tg_floats": panel_tg_floats(spec)}

@@ -1,0 +1,30 @@
+"""Compile layer, Metal: the CUDA translation of the Metal kernels (qrgen/compile/msl.to_cuda) compiles with NVRTC
+for sm_90, declares no shared memory of its own, and its launcher takes the buffers of the launch contract."""
+import pytest
+
+from qrgen.compile import msl
+from qrgen.plan.planner import plan
+from qrgen.problem import Problem
+from qrgen.render.sources import render
+from qrgen.schedule.files import find
+from qrgen.targets import Target
+
+pytest.importorskip("cupy")
+
+
+@pytest.mark.parametrize("batch,m,n", [(8, 64, 64), (1, 4096, 32)])
+def test_the_cuda_translation_of_metal_kernels_compiles(batch, m, n):
+    from cupy_backends.cuda.libs import nvrtc
+
+    apple = Target.parse("apple9")
+    schedule, _ = find(Problem(m, n, batch), apple)
+    for kernel in plan(schedule, apple, keep=True).kernels:
+        code, sig = msl.to_cuda(render(kernel, schedule, apple).source, kernel.name)
+        assert f"{kernel.name}__msl(" in code and len(sig.buffers) >= 4
+        prog = nvrtc.createProgram(code, f"{kernel.name}.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, ["--gpu-architecture=sm_90", "-std=c++17", "-default-device"])
+        except nvrtc.NVRTCError:
+            pytest.fail(f"{kernel.name}: {nvrtc.getProgramLog(prog)[:2000]}")
+        finally:
+            nvrtc.destroyProgram(prog)

@@ -1,0 +1,132 @@
+"""CPU layer, Metal: Apple targets and their default schedules; every Metal kernel of the default schedules of the
+reference and tall shapes passes the check (launch contract, lint, clang as MSL); the check refuses what the Metal
+compiler would; the rendered sources run on the CPU translation layer (threads as fibers) and pass the gates."""
+import numpy as np
+import pytest
+
+from qrgen.compile import msl
+from qrgen.numerics.check import check
+from qrgen.numerics.stress import FAMILIES, mixed, stress
+from qrgen.plan.planner import plan
+from qrgen.problem import Problem
+from qrgen.render.sources import render, render_all
+from qrgen.schedule.files import find
+from qrgen.targets import Target
+
+APPLE = Target.parse("apple9")
+REFERENCE = [(20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (60, 1024, 1024), (8, 2048, 2048),
+             (2, 4096, 4096)]
+TALL = [(1, 4096, 32), (1, 4096, 1024), (1, 8192, 512), (3, 100, 300)]
+
+
+def test_apple_families_parse_and_carry_apples_limits():
+    for family in ("apple7", "apple8", "apple9", "apple10"):
+        t = Target.parse(family)
+        assert (t.backend, t.limits.shared_bytes, t.limits.threads_per_block, t.limits.simd_width) == (
+            "metal", 32768, 1024, 32)
+    with pytest.raises(ValueError, match="apple9"):
+        Target("metal", "apple3")
+
+
+def test_metal_plans_refuse_what_metal_lacks():
+    from qrgen.schedule.model import Panel, Schedule
+
+    with pytest.raises(ValueError, match="one threadgroup"):
+        plan(Schedule(64, 64, (Panel(32, "lanes", 64), Panel(32, "lanes", 64))), APPLE)
+    with pytest.raises(ValueError, match="fp32"):
+        from qrgen.schedule.model import Precision
+        plan(Schedule(64, 64, (Panel(32, "rows", 64),) * 2, precision=Precision(update="tf32")), APPLE)
+    with pytest.raises(ValueError, match="TSQR"):
+        find(Problem(100000, 32, 1), APPLE)
+
+
+@pytest.mark.parametrize("batch,m,n", REFERENCE + TALL)
+def test_every_default_metal_kernel_passes_the_check(batch, m, n):
+    pytest.importorskip("clang.cindex")
+    schedule, _ = find(Problem(m, n, batch), APPLE)
+    names = set()
+    for keep in (False, True):
+        for kernel in plan(schedule, APPLE, keep).kernels:
+            if kernel.name not in names:
+                names.add(kernel.name)
+                msl.check(render(kernel, schedule, APPLE).source, kernel.name)
+    assert names
+
+
+def _panel_source():
+    schedule, _ = find(Problem(64, 64, 2), APPLE)
+    return next(r for r in render_all(schedule, APPLE) if r.name.startswith("qr_rows"))
+
+
+def test_the_check_refuses_what_the_metal_compiler_would():
+    pytest.importorskip("clang.cindex")
+    r = _panel_source()
+    msl.check(r.source, r.name)
+    cases = {
+        "address_space": (r.source.replace("threadgroup float* red = tg;", "device float* red = h;"), "MSL"),
+        "double": (r.source.replace("v[0] = fma(a, a, v[0]);", "v[0] = fma(a, a, v[0]) * 1.5;", 1), "double"),
+        "tg_variable": (r.source.replace("float x[", "threadgroup float extra[4];\n  float x[", 1), "threadgroup"),
+        "unknown": (r.source.replace("block_barrier();", "no_such_barrier();", 1), "MSL"),
+        "signature": (r.source.replace("[[buffer(1)]]", "[[buffer(2)]]", 1), "buffer"),
+    }
+    for what, (source, match) in cases.items():
+        with pytest.raises((ValueError, RuntimeError), match=match):
+            msl.check(source, r.name)
+
+
+def test_apples_limits_hold_on_every_dispatch():
+    with pytest.raises(ValueError, match="32768"):
+        msl.check_launch("k", 256, 8193)
+    with pytest.raises(ValueError, match="1024"):
+        msl.check_launch("k", 2048, 16)
+    msl.check_launch("k", 1024, 8192)
+
+
+@pytest.fixture(scope="module")
+def cpu_device(tmp_path_factory):
+    from qrgen.run.msl_devices import CpuDevice
+
+    try:
+        return CpuDevice()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (8, 64, 64), (4, 176, 176), (1, 4096, 32), (3, 100, 300)])
+def test_metal_kernels_on_the_cpu_layer_pass_the_gates(cpu_device, batch, m, n):
+    from qrgen.run import metal_engine
+
+    a = stress("random", m, n, batch, seed=m + n)
+    h, tau = metal_engine.geqrf(a, cpu_device)
+    result = check(a, h, tau)
+    assert result.ok, f"{batch}x{m}x{n}: {result}"
+
+
+def test_a_mixed_hostile_batch_on_the_cpu_layer_passes_every_family(cpu_device):
+    from qrgen.run import metal_engine
+
+    a, labels = mixed(96, 80, 2 * len(FAMILIES), seed=5)
+    h, tau = metal_engine.geqrf(a, cpu_device)
+    result = check(a, h, tau)
+    assert result.ok, f"{[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+
+
+def test_q_and_r_on_the_cpu_layer(cpu_device):
+    from qrgen.run import metal_engine
+
+    a = stress("nearrankdef", 150, 140, 2, seed=2)
+    q, r = metal_engine.qr(a, cpu_device)
+    assert q.shape == (2, 150, 140) and r.shape == (2, 140, 140)
+    assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
+    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(140)).max() <= 1e-4
+
+
+def test_a_barrier_not_every_thread_reaches_is_an_error_on_the_cpu_layer(cpu_device):
+    r = _panel_source()
+    broken = r.source.replace("  block_barrier();  // taus complete", "  if (t < 32) block_barrier();", 1)
+    assert broken != r.source
+    kernel = cpu_device.load(r.name + "_broken", broken.replace(r.name, r.name + "_broken"))
+    buffers = [cpu_device.empty(64 * 64 * 2), cpu_device.empty(128), cpu_device.empty(8192), cpu_device.empty(8192)]
+    buffers[0][...] = 1.0
+    with pytest.raises(RuntimeError, match="deadlocked"):
+        cpu_device.dispatch(kernel, (1, 1, 1), 64, buffers, [0, 64, 64, 2048, 0, 0], 4096)

@@ -1,0 +1,54 @@
+"""GPU layer, Metal: the rendered Metal kernels of the default Apple schedules run on this GPU through the CUDA
+translation layer (qrgen/compile/msl.to_cuda: a threadgroup a block, a SIMD group a warp, Apple's limits on every
+dispatch) and pass the gates on every stress family, at the reference batches and tall shapes. No Apple GPU has run
+them: this and the CPU layer (tests/cpu/test_metal.py) are what verifies them."""
+import pytest
+
+from qrgen.numerics.check import check
+from qrgen.numerics.stress import FAMILIES, mixed
+
+pytestmark = pytest.mark.gpu
+
+CASES = [(20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (1, 4096, 32), (3, 100, 300)]
+SLOW_CASES = [(60, 1024, 1024), (8, 2048, 2048), (2, 4096, 4096), (1, 4096, 1024), (1, 8192, 512)]
+
+
+@pytest.fixture(scope="module")
+def device():
+    from qrgen.run.msl_devices import CudaDevice
+
+    return CudaDevice()
+
+
+def _every_family(device, batch, m, n):
+    from qrgen.run import metal_engine
+
+    a, labels = mixed(m, n, max(batch, len(FAMILIES)), seed=m + n + batch)
+    step = len(a) if m * n <= 1024 * 1024 else 2
+    for i in range(0, len(a), step):
+        h, tau = metal_engine.geqrf(a[i:i + step], device)
+        result = check(a[i:i + step], h, tau)
+        assert result.ok, f"{batch}x{m}x{n} {labels[i:i + step]}: {result}"
+
+
+@pytest.mark.parametrize("batch,m,n", CASES)
+def test_metal_kernels_on_cuda_pass_every_family(device, batch, m, n):
+    _every_family(device, batch, m, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,m,n", SLOW_CASES)
+def test_metal_kernels_on_cuda_pass_every_family_large(device, batch, m, n):
+    _every_family(device, batch, m, n)
+
+
+def test_metal_q_on_cuda(device):
+    import numpy as np
+
+    from qrgen.numerics.stress import stress
+    from qrgen.run import metal_engine
+
+    a = stress("collinear", 300, 200, 3, seed=1)
+    q, r = metal_engine.qr(a, device)
+    assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
+    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(200)).max() <= 1e-4
