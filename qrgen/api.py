@@ -12,7 +12,7 @@ import math
 
 from .numerics import qmatrix
 from .plan import tf32x3
-from .run import device_ops, fastpath, replay  # noqa: F401 (device_ops registers the GPU products)
+from .run import device_ops, fastpath, metal_runtime, replay  # noqa: F401 (device_ops registers the GPU products)
 from .run.arrays import as_device_array, on_caller_stream
 from .run.factorizer import factor_device, run_wrapped
 from .run.launch import device_target
@@ -35,6 +35,8 @@ def geqrf(a, *, precision: str | None = None):
         if out is not None:
             return out
     check_precision(precision)
+    if metal_runtime.takes(a):  # MLX arrays, torch tensors on "mps": the Metal backend (fp32 throughout)
+        return metal_runtime.geqrf(a)
     arr = as_device_array(a)
     data = arr.data
     if data.ndim < 2:
@@ -163,6 +165,8 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_precision(precision)
+    if metal_runtime.takes(a):
+        return metal_runtime.qr(a, mode)
     arr = _arrays(a=a)["a"]
     data = arr.data
     m, n = data.shape[-2:]

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compile.nvrtc import Binary, compile_many
+import importlib
+
 from .paths import generated_dir, schedule_dir
 from .problem import Problem
 from .render.environment import environment
@@ -26,6 +27,13 @@ class Generated:
     kernel_paths: tuple[Path, ...]
     schedule: Schedule
     origin: str
+
+
+def compiler(target: Target):
+    """The target's compile module (compile/nvrtc.py, compile/metal.py): check_arch, compile_many, describe."""
+    if not target.record.compiler:
+        raise ValueError(f"qrgen build writes modules for GPU targets; {target.backend} has no kernels to compile")
+    return importlib.import_module(target.record.compiler)
 
 
 def module_name(problem: Problem, target: Target) -> str:
@@ -53,7 +61,8 @@ def render_module(problem: Problem, target: Target, schedule_root: Path | None =
     name = module_name(problem, target)
     sources = {r.name: r.source for r in render_all(schedule, target)}
     text = environment().get_template("python/module.py.j2").render(
-        version=__version__, m=problem.m, n=problem.n, batch=problem.batch, arch=target.arch, name=name,
+        version=__version__, m=problem.m, n=problem.n, batch=problem.batch, arch=target.arch, backend=target.backend,
+        name=name,
         origin=origin, describe=schedule.describe(),
         schedule_literal=pprint.pformat(schedule.to_json(), sort_dicts=False))
     return name, text, sources, schedule, origin
@@ -89,23 +98,19 @@ def generate(problem: Problem, target: Target, out_dir: Path | None = None,
 
 
 def build(problem: Problem, target: Target, out_dir: Path | None = None, schedule_root: Path | None = None,
-          compile_kernels: bool = True, jobs: int | None = None, log=print) -> tuple[Generated, list[Binary]]:
+          compile_kernels: bool = True, jobs: int | None = None, log=print) -> tuple[Generated, list]:
     """Render, compile every kernel, and only then write the module and its sources: a kernel that does not compile
     leaves nothing written (the error names it, with the compiler's first errors)."""
     start = time.perf_counter()
     name, text, sources, schedule, origin = render_module(problem, target, schedule_root)
     log(f"schedule for {problem.m}x{problem.n}, batch {problem.batch}, {target.arch}: {origin}")
     log(f"  {schedule.describe()}")
-    binaries: list[Binary] = []
+    binaries: list = []
     if compile_kernels:
-        log(f"compiling {len(sources)} kernel(s) with NVRTC for {target.arch}")
-
-        def report(b: Binary) -> None:
-            how = "cached" if b.cached else f"{b.seconds:.1f} s"
-            log(f"  {b.name}: {b.registers} registers, {b.spill_bytes} bytes spilled, "
-                f"{b.stack_bytes} bytes stack ({how})")
-
-        binaries = compile_many(list(sources.items()), target, jobs=jobs, progress=report)
+        comp = compiler(target)
+        log(f"compiling {len(sources)} kernel(s) with {comp.TOOL} for {target.arch}")
+        binaries = comp.compile_many(list(sources.items()), target, jobs=jobs,
+                                     progress=lambda b: log(f"  {b.name}: {comp.describe(b)}"))
     module_path, kernel_paths = write_module(name, text, sources, target, Path(out_dir or generated_dir()))
     log(f"wrote {module_path} and {len(kernel_paths)} kernel source(s) in "
         f"{module_path.with_suffix('')}/ ({time.perf_counter() - start:.1f} s)")

@@ -74,8 +74,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=_positive, default=1,
                    help="number of matrices the schedule is chosen for (the module takes any batch); default 1")
     b.add_argument("--arch", default=None,
-                   help="target architecture such as sm_90 or sm_80 (one the installed NVRTC compiles for); "
-                        "default: this machine's GPU, else sm_90")
+                   help="target architecture such as sm_90 or sm_80 (one the installed NVRTC compiles for), or an "
+                        "Apple GPU family apple7 .. apple10 (Metal sources, checked here and compiled on the Mac at "
+                        "run time); default: this machine's GPU, else sm_90")
     b.add_argument("--out", type=Path, default=None, help="directory for the module (default: ./generated)")
     b.add_argument("--schedules", type=_folder, default=None,
                    help="an existing directory of schedule files, one folder per arch, searched alone (default: the "
@@ -174,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
             problem = Problem(m, n, args.batch)
             target = Target.parse(args.arch) if args.arch else _default_target()
             cost_model = getattr(args, "cost_model", False)
+            if target.backend == "metal" and (args.command == "tune" or args.trials > 0):
+                raise ValueError(f"no schedule can be tuned for {target.arch} here (no Apple GPU to time it on): "
+                                 f"Metal modules take the default schedule (qrgen/schedule/apple.py)")
             if (args.command == "build" and not args.no_compile) or (args.command == "tune" and not cost_model):
-                from .compile.nvrtc import check_arch
+                from .build import compiler
 
-                check_arch(target)  # before anything is searched, compiled or written
+                compiler(target).check_arch(target)  # before anything is searched, compiled or written
             interrupted = False
             if args.command == "tune" or args.trials > 0:
                 result, _ = tune_and_save(problem, target, args.trials, args.storage,

@@ -8,6 +8,7 @@ from pathlib import Path
 from . import api
 from .run import fastpath
 from .plan.planner import check
+from .plan.planner import plan as check_plan
 from .run.factorizer import Factorizer
 from .run.launch import current_target
 from .schedule.model import Schedule
@@ -21,7 +22,31 @@ class GeneratedModule:
         self.kernel_dir = Path(kernel_dir)
         self._factorizer = None
 
+    def _sources(self, names) -> dict:
+        sources = {}
+        suffix = Target.parse(self.arch).record.suffix
+        for name in names:
+            path = self.kernel_dir / f"{name}{suffix}"
+            if not path.exists():
+                raise FileNotFoundError(f"{path} is missing: rebuild with qrgen build --shape {self.m}x{self.n} "
+                                        f"--batch {self.batch} --arch {self.arch}")
+            sources[name] = path.read_text()
+        return sources
+
+    def _metal(self):
+        """A Metal module's factorizer, on the Mac's GPU, from the kernel sources beside the module."""
+        if self._factorizer is None:
+            from .run import metal_engine, metal_runtime
+
+            target = Target.parse(self.arch)
+            names = [k.name for k in check_plan(self.schedule, target).kernels]
+            self._factorizer = metal_engine.MetalFactorizer(self.schedule, metal_runtime.metal_device(), target,
+                                                            sources=self._sources(names))
+        return self._factorizer
+
     def _get(self):
+        if Target.parse(self.arch).backend == "metal":
+            return self._metal()
         if self._factorizer is None:
             target = Target.parse(self.arch)
             here = current_target()
@@ -34,13 +59,7 @@ class GeneratedModule:
                                        f"{self.batch} --arch {here.arch}") from None
                 self._factorizer = Factorizer(self.m, self.n, self.schedule, here)
                 return self._factorizer
-            sources = {}
-            for k in Factorizer(self.m, self.n, self.schedule, target).kernels:
-                path = self.kernel_dir / f"{k.name}.cu"
-                if not path.exists():
-                    raise FileNotFoundError(f"{path} is missing: rebuild with qrgen build --shape {self.m}x{self.n} "
-                                            f"--batch {self.batch} --arch {self.arch}")
-                sources[k.name] = path.read_text()
+            sources = self._sources(k.name for k in Factorizer(self.m, self.n, self.schedule, target).kernels)
             self._factorizer = Factorizer(self.m, self.n, self.schedule, target, sources=sources)
         return self._factorizer
 
@@ -49,18 +68,33 @@ class GeneratedModule:
 
     def geqrf(self, a):
         fac = self._get()
+        if Target.parse(self.arch).backend == "metal":
+            from .run import metal_runtime
+
+            return metal_runtime.geqrf(a, fac=fac)
         out = fastpath.fast_geqrf(fac, a)
         return out if out is not None else fac(a)
 
     def qr(self, a, mode: str = "reduced"):
+        if Target.parse(self.arch).backend == "metal":
+            from .run import metal_runtime
+
+            return metal_runtime.qr(a, mode, self._get().device, Target.parse(self.arch))
         return api.qr(a, mode, factorizer=self._get())
 
+    def _cuda_only(self, what: str) -> None:
+        if Target.parse(self.arch).backend == "metal":
+            raise ValueError(f"{what} has no Metal path yet: Metal modules have geqrf and qr")
+
     def lstsq(self, a, b):
+        self._cuda_only("lstsq")
         return api.lstsq(a, b, factorizer=self._get())
 
     def householder_product(self, h, tau, complete: bool = False):
+        self._cuda_only("householder_product")
         return api.householder_product(h, tau, complete, factorizer=self._get())
 
     def ormqr(self, h, tau, c, side: str = "L", transpose: bool = False):
+        self._cuda_only("ormqr")
         return api.ormqr(h, tau, c, side, transpose, factorizer=self._get())
 

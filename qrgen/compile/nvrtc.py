@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..version import __version__
 from . import cache
 
+TOOL = "NVRTC"
 OPTIONS = ("-std=c++17", "--ptxas-options=-v")
 # A first call's first tier (compile/background.py): the optimizer's quickest setting, the same sources
 QUICK = ("--Ofast-compile=max",)
@@ -27,6 +28,12 @@ class Binary:
     cached: bool
     log: str
     quick: bool = False  # compiled with QUICK: a first call's stand-in until the optimized binary is in
+
+
+def describe(b: Binary) -> str:
+    """A compiled kernel's line in qrgen build's report."""
+    how = "cached" if b.cached else f"{b.seconds:.1f} s"
+    return f"{b.registers} registers, {b.spill_bytes} bytes spilled, {b.stack_bytes} bytes stack ({how})"
 
 
 def install_hint() -> str:

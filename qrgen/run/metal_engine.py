@@ -23,14 +23,16 @@ APPLE = Target("metal", "apple9")
 class MetalFactorizer:
     """A schedule's plan for a Metal target, its kernels loaded on a device (what drive() reads, and the kernels)."""
 
-    def __init__(self, schedule, device, target: Target = APPLE, keep: bool = False):
+    def __init__(self, schedule, device, target: Target = APPLE, keep: bool = False, sources: dict | None = None):
         if target.backend != "metal":
             raise ValueError(f"the Metal engine takes a Metal target, got {target.backend} {target.arch}")
         self.m, self.n, self.k = schedule.m, schedule.n, min(schedule.m, schedule.n)
         self.schedule, self.keep, self.device, self.target = schedule, keep, device, target
         self.plan = plan(schedule, target, keep)
         self.launches, self.aggregates, self.kept = self.plan.launches, self.plan.aggregates, self.plan.kept
-        self.kernels = {k.name: device.load(k.name, render(k, schedule, target).source) for k in self.plan.kernels}
+        sources = sources or {}  # a generated module's, by kernel name; the rest rendered here
+        self.kernels = {k.name: device.load(k.name, sources.get(k.name) or render(k, schedule, target).source)
+                        for k in self.plan.kernels}
 
 
 class MetalEngine:
@@ -101,10 +103,11 @@ def _prepare(a, schedule, target):
     return a, schedule
 
 
-def geqrf(a, device, schedule=None, target: Target = APPLE):
-    """(h, tau) of a (batch, m, n) float32 by the Metal kernels on `device`, as NumPy arrays."""
+def geqrf(a, device, schedule=None, target: Target = APPLE, factorizer: MetalFactorizer | None = None):
+    """(h, tau) of a (batch, m, n) float32 by the Metal kernels on `device`, as NumPy arrays (factorizer: one made
+    for this schedule and device, reused)."""
     a, schedule = _prepare(a, schedule, target)
-    fac = MetalFactorizer(schedule, device, target)
+    fac = factorizer or MetalFactorizer(schedule, device, target)
     batch = a.shape[0]
     h, tau = device.array(a.reshape(-1)), device.empty(batch * fac.k)
     drive(fac, MetalEngine(fac, h, tau, batch))
@@ -112,10 +115,11 @@ def geqrf(a, device, schedule=None, target: Target = APPLE):
     return device.to_host(h).reshape(a.shape), device.to_host(tau)[:batch * fac.k].reshape(batch, fac.k)
 
 
-def qr(a, device, schedule=None, target: Target = APPLE, complete: bool = False):
+def qr(a, device, schedule=None, target: Target = APPLE, complete: bool = False,
+       factorizer: MetalFactorizer | None = None):
     """(Q, R) of a (batch, m, n) float32 by the Metal kernels (a keep plan, then Q from its kept blocks)."""
     a, schedule = _prepare(a, schedule, target)
-    fac = MetalFactorizer(schedule, device, target, keep=True)
+    fac = factorizer or MetalFactorizer(schedule, device, target, keep=True)
     batch, m, n = a.shape
     h, tau = device.array(a.reshape(-1)), device.empty(batch * fac.k)
     engine = MetalEngine(fac, h, tau, batch)

@@ -130,3 +130,46 @@ def test_a_barrier_not_every_thread_reaches_is_an_error_on_the_cpu_layer(cpu_dev
     buffers[0][...] = 1.0
     with pytest.raises(RuntimeError, match="deadlocked"):
         cpu_device.dispatch(kernel, (1, 1, 1), 64, buffers, [0, 64, 64, 2048, 0, 0], 4096)
+
+
+def test_qrgen_build_for_an_apple_family_writes_a_module_and_its_metal_sources(tmp_path, monkeypatch, cpu_device):
+    import importlib
+    import sys
+
+    from qrgen.build import build
+    from qrgen.run import metal_runtime
+
+    generated, reports = build(Problem(64, 48, 8), APPLE, tmp_path / "gen", log=lambda line: None)
+    sources = sorted(p.name for p in generated.kernel_paths)
+    assert sources and all(name.endswith(".metal") for name in sources)
+    assert all("checked" in r.how for r in reports)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(f"gen.{generated.name}")
+    assert module.ARCH == "apple9"
+    monkeypatch.setattr(metal_runtime, "metal_device", lambda device=None: cpu_device)  # the layer for the Mac's
+    a = stress("rankdef", 64, 48, 5, seed=4)
+    h, tau = module.geqrf(a)
+    assert check(a, h, tau).ok
+    q, r = module.qr(a)
+    assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
+    with pytest.raises(ValueError, match="Metal"):
+        module.lstsq(a, a[..., :1])
+    sys.modules.pop(f"gen.{generated.name}", None)
+
+
+def test_the_metal_runtime_keeps_factorizers_and_returns_the_inputs_kind(cpu_device):
+    from qrgen.run import metal_runtime
+
+    a = stress("colscaled", 40, 40, 6, seed=9).reshape(2, 3, 40, 40)
+    h, tau = metal_runtime.geqrf(a, cpu_device)
+    h2, tau2 = metal_runtime.geqrf(a, cpu_device)
+    assert isinstance(h, np.ndarray) and h.shape == a.shape and tau.shape == (2, 3, 40)
+    assert np.array_equal(h, h2) and np.array_equal(tau, tau2)
+    assert check(a, h, tau).ok
+    r = metal_runtime.qr(a, "r", cpu_device)
+    assert r.shape == (2, 3, 40, 40)
+    with pytest.raises(ValueError, match="mode"):
+        metal_runtime.qr(a, "raw", cpu_device)
+    with pytest.raises(TypeError, match="float32"):
+        metal_runtime.geqrf(a.astype(np.float64), cpu_device)
+    assert not metal_runtime.takes(a)  # NumPy arrays go to the Metal runtime only when a device is given

@@ -68,7 +68,7 @@ def test_problem_and_target_fields():
     with pytest.raises(ValueError, match=r"unknown cuda architecture 'hopper'.*known: .*sm_90"):
         Target(arch="hopper")
     with pytest.raises(ValueError, match="Target.backend"):
-        Target("metal", "apple9")
+        Target("vulkan", "apple9")
     assert Target.parse("sm_80") == Target("cuda", "sm_80") and Target.parse("cpu") == Target("cpu", "numpy")
     assert parse_shape("1024x512") == (1024, 512)
     with pytest.raises(ValueError, match="MxN"):

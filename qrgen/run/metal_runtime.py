@@ -1,0 +1,106 @@
+"""qrgen.geqrf and qrgen.qr on the arrays Apple users hold: MLX arrays and torch tensors on "mps" (and, with an
+explicit device, NumPy arrays), run by the Metal engine on the Mac's GPU (run/metal_mac.py), the results of the
+input's kind. The factorizer of each (shape, target, keep) is made once per device and kept. Tests pass one of the
+translation layers (run/msl_devices.py) as the device: everything here but the Mac device itself runs in CI."""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+from ..problem import Problem
+from ..schedule.files import find
+from ..targets import Target
+from . import metal_engine
+
+_FACTORIZERS: dict = {}
+
+
+def takes(a) -> bool:
+    """Whether an input is one of the Metal runtime's: an MLX array, or a torch tensor on "mps"."""
+    module = type(a).__module__
+    if module.startswith("mlx"):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor) and a.device.type == "mps"
+
+
+def _host(a) -> tuple[np.ndarray, object]:
+    """(float32 NumPy copy of the input, a function giving an array of the input's kind from a NumPy array)."""
+    module = type(a).__module__
+    if module.startswith("mlx"):
+        import mlx.core as mx
+
+        if a.dtype != mx.float32:
+            raise TypeError(f"qrgen takes float32 arrays; got an MLX array of {a.dtype}")
+        return np.array(a, copy=True), mx.array
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        if a.dtype != torch.float32:
+            raise TypeError(f"qrgen takes float32 tensors; got {a.dtype}")
+        device = a.device
+        return a.detach().cpu().numpy(), lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    if isinstance(a, np.ndarray):
+        if a.dtype != np.float32:
+            raise TypeError(f"qrgen takes float32 arrays; got {a.dtype}")
+        return np.array(a), np.asarray
+    raise TypeError(f"the Metal runtime takes MLX arrays, torch tensors on 'mps' or NumPy arrays; got {module}")
+
+
+def metal_device(device=None):
+    if device is not None:
+        return device
+    from . import metal_mac
+
+    if not metal_mac.available():
+        raise RuntimeError("no Metal device: qrgen's Metal runtime needs macOS with an Apple GPU and PyObjC "
+                           "(pip install pyobjc-framework-Metal)")
+    return metal_mac.shared_device()
+
+
+def factorizer(m: int, n: int, batch: int, device, target: Target | None = None, keep: bool = False):
+    target = target or Target("metal", getattr(device, "family", metal_engine.APPLE.arch))
+    key = (m, n, batch, target, keep, id(device))
+    fac = _FACTORIZERS.get(key)
+    if fac is None:
+        schedule, _ = find(Problem(m, n, batch), target)
+        fac = _FACTORIZERS[key] = metal_engine.MetalFactorizer(schedule, device, target, keep)
+    return fac
+
+
+def _batched(a):
+    host, back = _host(a)
+    if host.ndim < 2 or 0 in host.shape:
+        raise ValueError(f"qrgen needs an array of shape (..., m, n) with m, n and the batch at least 1; got "
+                         f"shape {host.shape}")
+    lead, (m, n) = host.shape[:-2], host.shape[-2:]
+    return host.reshape(math.prod(lead), m, n), lead, back
+
+
+def geqrf(a, device=None, target: Target | None = None, fac=None):
+    """(h, tau) of a (..., m, n) float32 array on the Metal GPU, of the input's kind (fac: a factorizer of a
+    generated module, for its shape)."""
+    x, lead, back = _batched(a)
+    if fac is not None and (fac.m, fac.n) != x.shape[1:]:
+        raise ValueError(f"this module factors {fac.m}x{fac.n} matrices; got {x.shape[1]}x{x.shape[2]}")
+    dev = fac.device if fac is not None else metal_device(device)
+    fac = fac or factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target)
+    h, tau = metal_engine.geqrf(x, dev, fac.schedule, fac.target, factorizer=fac)
+    return back(h.reshape(lead + h.shape[1:])), back(tau.reshape(lead + tau.shape[1:]))
+
+
+def qr(a, mode: str = "reduced", device=None, target: Target | None = None):
+    """numpy.linalg.qr's "reduced", "complete" and "r" modes on the Metal GPU, of the input's kind."""
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"qrgen.qr on Metal takes mode 'reduced', 'complete' or 'r'; got {mode!r}")
+    x, lead, back = _batched(a)
+    dev = metal_device(device)
+    if mode == "r":
+        fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target)
+        h, _ = metal_engine.geqrf(x, dev, fac.schedule, fac.target, factorizer=fac)
+        k = min(x.shape[1:])
+        return back(np.triu(h[:, :k, :]).reshape(lead + (k, x.shape[2])))
+    fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target, keep=True)
+    q, r = metal_engine.qr(x, dev, fac.schedule, fac.target, complete=mode == "complete", factorizer=fac)
+    return back(q.reshape(lead + q.shape[1:])), back(r.reshape(lead + r.shape[1:]))
