@@ -1,7 +1,8 @@
 """The default schedule on Apple GPUs (the Metal backend): rows panels on one threadgroup, the widest panel of at
 most 32 columns whose rows fit the registers of a threadgroup, and aggregates of 4 panels for wide matrices. No
 schedule has been tuned on an Apple GPU: this is a heuristic from the limits in qrgen/targets/metal.py alone, and
-the place tuned files would take over (schedules/<family>/, as for CUDA) once an Apple GPU can run the tuner."""
+the place tuned files would take over (schedules/<family>/, as for CUDA) once an Apple GPU can run the tuner
+(docs/decisions.md#apple-defaults)."""
 from __future__ import annotations
 
 from ..plan import rows
