@@ -1,10 +1,11 @@
 """First calls in two tiers: a shape's kernels that are not in the cache are compiled quickly first (NVRTC's
---Ofast-compile=max: the same sources, a fraction of the optimizer's time, slower code), and the call runs on
+--Ofast-compile at the level plan/family.quick_level gives each family: the same sources, a fraction of the
+optimizer's time, slower code), and the call runs on
 them, while a process of its own compiles the optimized binaries into the disk cache; the Factorizer changes to
 those when they are in (run/factorizer.py). The process goes on if the caller exits, so the next process finds the
 cache filled.
 
-The quick binaries run one to two orders of magnitude slower, so only a call of at most QUICK_MAX_FLOPS takes them
+The quick binaries run several times slower, so only a call of at most QUICK_MAX_FLOPS takes them
 (docs/decisions.md#first-call-tiers): above it a quick call would cost about what compiling the optimized binaries
 does. QRGEN_FIRST_CALL=wait in the environment (or first_calls("wait")) compiles the optimized binaries before the
 first call instead, as qrgen.warmup, `qrgen build` and the benchmarks always do. With no writable disk cache there
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from .. import paths
 
-QUICK_MAX_FLOPS = 1e11  # a first call's work (Problem.flops) up to which it runs on quick binaries
+QUICK_MAX_FLOPS = 1e12  # a first call's work (Problem.flops) up to which it runs on quick binaries
 _ENV = "QRGEN_FIRST_CALL"
 MODES = ("quick", "wait")
 _mode: str | None = None  # set by first_calls(); None: the environment's (default "quick")

@@ -13,8 +13,10 @@ from . import cache
 
 TOOL = "NVRTC"
 OPTIONS = ("-std=c++17", "--ptxas-options=-v")
-# A first call's first tier (compile/background.py): the optimizer's quickest setting, the same sources
-QUICK = ("--Ofast-compile=max",)
+# A first call's first tier (compile/background.py): the same sources at a quicker optimization level, by level name
+# (each kernel family's is plan/family.quick_level; docs/decisions.md#first-call-tiers)
+QUICK = {"mid": ("--Ofast-compile=mid",), "max": ("--Ofast-compile=max",)}
+QUICK_DEFAULT = "mid"
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class Binary:
     seconds: float  # compile time (0 when it came from the cache)
     cached: bool
     log: str
-    quick: bool = False  # compiled with QUICK: a first call's stand-in until the optimized binary is in
+    quick: bool = False  # compiled at a QUICK level: a first call's stand-in until the optimized binary is in
 
 
 def describe(b: Binary) -> str:
@@ -80,15 +82,18 @@ def check_arch(target) -> None:
                          f"(it knows {', '.join(supported_archs())}); a newer CUDA's NVRTC does: {install_hint()}")
 
 
-def options(arch: str, ptx: bool = False, quick: bool = False) -> tuple[str, ...]:
+def options(arch: str, ptx: bool = False, quick: bool | str = False) -> tuple[str, ...]:
     """NVRTC's options: a cubin for the architecture, or with ptx=True PTX for its virtual architecture; quick:
-    compiled for a first call (QUICK)."""
+    compiled for a first call, at QUICK's level of that name (True: QUICK_DEFAULT)."""
+    level = QUICK_DEFAULT if quick is True else quick
+    if level and level not in QUICK:
+        raise ValueError(f"quick level {level!r}: one of {tuple(QUICK)}")
     return ((f"--gpu-architecture={arch.replace('sm_', 'compute_') if ptx else arch}",) + OPTIONS
-            + (QUICK if quick else ()))
+            + (QUICK[level] if level else ()))
 
 
 def cache_key(source: str, arch: str, opts: tuple[str, ...] | None = None, compiler: tuple[int, int] | None = None,
-              version_: str = __version__, ptx: bool = False, quick: bool = False) -> str:
+              version_: str = __version__, ptx: bool = False, quick: bool | str = False) -> str:
     return cache.key(source, arch, options(arch, ptx, quick) if opts is None else opts,
                      version() if compiler is None else compiler, version_)
 
@@ -106,7 +111,7 @@ def parse_report(log: str) -> tuple[int, int, int]:
 ERROR_LINES = 12  # of the compiler's log in the error of a kernel that does not compile
 
 
-def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False, quick: bool = False) -> tuple[bytes, str]:
+def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False, quick: bool | str = False) -> tuple[bytes, str]:
     """(cubin, or PTX with ptx=True, and the compiler's log)."""
     nvrtc = _library()
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
@@ -125,21 +130,21 @@ def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False, quick: b
         nvrtc.destroyProgram(prog)
 
 
-def _read(path, name: str, quick: bool) -> Binary | None:
+def _read(path, name: str, quick: bool | str) -> Binary | None:
     entry = cache.read_entry(path)
     if entry is None:
         return None
     cubin, log = entry
-    return Binary(name, cubin, *parse_report(log), seconds=0.0, cached=True, log=log, quick=quick)
+    return Binary(name, cubin, *parse_report(log), seconds=0.0, cached=True, log=log, quick=bool(quick))
 
 
-def cached(name: str, source: str, arch: str, ptx: bool = False, quick: bool = False) -> Binary | None:
+def cached(name: str, source: str, arch: str, ptx: bool = False, quick: bool | str = False) -> Binary | None:
     """The kernel's binary from the cache, or None where it has no entry that verifies."""
     return _read(cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick)), name, quick)
 
 
 def compile_source(name: str, source: str, arch: str, use_cache: bool = True, ptx: bool = False,
-                   refresh: bool = False, quick: bool = False) -> Binary:
+                   refresh: bool = False, quick: bool | str = False) -> Binary:
     """One kernel through the cache; refresh: compile and replace the entry even where one verifies (the driver
     refused its binary); quick: with QUICK's options (an entry of its own)."""
     path = cache.entry_path(name, arch, cache_key(source, arch, ptx=ptx, quick=quick))
@@ -152,17 +157,18 @@ def compile_source(name: str, source: str, arch: str, use_cache: bool = True, pt
     seconds = time.perf_counter() - start
     if use_cache:
         cache.write_entry(path, cubin, log)
-    return Binary(name, cubin, *parse_report(log), seconds=seconds, cached=False, log=log, quick=quick)
+    return Binary(name, cubin, *parse_report(log), seconds=seconds, cached=False, log=log, quick=bool(quick))
 
 
 def compile_many(items: list[tuple[str, str]], target, use_cache: bool = True, jobs: int | None = None,
-                 progress=None, quick: bool = False) -> list[Binary]:
+                 progress=None, quick: bool | str | dict = False) -> list[Binary]:
     """Compile (name, source) pairs for a CUDA target, several at once (NVRTC releases the GIL while it compiles);
-    the binaries in the order of `items`."""
+    the binaries in the order of `items`. quick: a first call's level for all (options), or by kernel name."""
     check_arch(target)
     jobs = jobs or max(1, min(len(items), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(compile_source, name, src, target.arch, use_cache, target.ptx, False, quick)
+        futures = [pool.submit(compile_source, name, src, target.arch, use_cache, target.ptx, False,
+                               quick.get(name, True) if isinstance(quick, dict) else quick)
                    for name, src in items]
         binaries = []
         for future in futures:

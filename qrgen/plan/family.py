@@ -48,6 +48,18 @@ def family(spec: KernelSpec):
     return importlib.import_module(f"{__package__}.{name}")
 
 
+QUICK_LEVEL = "mid"  # a first call's NVRTC level for a family's kernels unless the family says otherwise
+
+
+def quick_level(spec: KernelSpec) -> str:
+    """The quick tier's optimization level for a kernel (compile/nvrtc.QUICK; docs/decisions.md#first-call-tiers):
+    its family's quick_level(spec) or QUICK_LEVEL where it has one, else the default."""
+    fam = family(spec)
+    if hasattr(fam, "quick_level"):
+        return fam.quick_level(spec)
+    return getattr(fam, "QUICK_LEVEL", QUICK_LEVEL)
+
+
 def register_cap(threads: int, limits) -> int:
     """The register cap __launch_bounds__(threads, 1) allows a thread."""
     return min(limits.registers_per_thread, (limits.registers_per_sm // threads) // 8 * 8)

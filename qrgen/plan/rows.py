@@ -13,6 +13,13 @@ CLUSTER = True  # Panel.cluster applies
 REG_OVERHEAD = 40  # registers beside the register tile (addresses, loop state, scalars), from ptxas reports
 
 
+def quick_level(spec) -> str:
+    """A first call's NVRTC level: with the loop over columns unrolled, NVRTC's middle level takes about as long as
+    -O3 and the quickest one a fraction of it; a loop kernel compiles quickly at the middle level, which runs several
+    times faster (docs/decisions.md#first-call-tiers)."""
+    return "mid" if spec.loop else "max"
+
+
 def check(panel) -> None:
     family.check_threads(panel)
     family.check_narrow(panel)

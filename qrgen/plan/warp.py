@@ -11,8 +11,9 @@ CLUSTER = False
 REG_OVERHEAD = rows.REG_OVERHEAD
 
 # a rows panel on one warp in all but its checks and features
-slots, registers, shared_bytes, spec_shared, vec, name, describe, render = (
-    rows.slots, rows.registers, rows.shared_bytes, rows.spec_shared, rows.vec, rows.name, rows.describe, rows.render)
+slots, registers, shared_bytes, spec_shared, vec, name, describe, render, quick_level = (
+    rows.slots, rows.registers, rows.shared_bytes, rows.spec_shared, rows.vec, rows.name, rows.describe, rows.render,
+    rows.quick_level)
 
 
 def check(panel) -> None:

@@ -9,7 +9,7 @@ import threading
 from ..compile import background
 from ..compile.nvrtc import Binary, cached, compile_many, compile_source
 from ..plan import fused
-from ..plan.family import PANEL_SIGNATURE
+from ..plan.family import PANEL_SIGNATURE, quick_level
 from ..plan.planner import plan
 from ..problem import Problem
 from ..render.sources import render_all
@@ -106,7 +106,8 @@ class Factorizer:
             self.binaries = found
             return
         try:
-            quick = iter(compile_many(missing, self.target, quick=True))
+            levels = {k.name: quick_level(k) for k in self.kernels}
+            quick = iter(compile_many(missing, self.target, quick=levels))
             job = background.Job(missing, self.target)
         except (OSError, RuntimeError):  # no second process, or a kernel only the optimizer compiles: one tier
             self.build()

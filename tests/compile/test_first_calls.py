@@ -68,8 +68,25 @@ def test_quick_binaries_are_entries_of_their_own(empty_cache):
     assert nvrtc.cached("first_call_probe", KERNEL, "sm_90", quick=True).cubin == quick.cubin
     full = nvrtc.compile_source("first_call_probe", KERNEL, "sm_90")
     assert not full.quick and nvrtc.cached("first_call_probe", KERNEL, "sm_90").cubin == full.cubin
-    assert "--Ofast-compile=max" in nvrtc.options("sm_90", quick=True)
-    assert "--Ofast-compile=max" not in nvrtc.options("sm_90")
+    assert "--Ofast-compile=mid" in nvrtc.options("sm_90", quick=True)
+    assert "--Ofast-compile=max" in nvrtc.options("sm_90", quick="max")
+    assert not any(o.startswith("--Ofast-compile") for o in nvrtc.options("sm_90"))
+    assert nvrtc.cache_key(KERNEL, "sm_90", quick="max") != nvrtc.cache_key(KERNEL, "sm_90", quick="mid")
+    with pytest.raises(ValueError, match="quick level"):
+        nvrtc.options("sm_90", quick="fastest")
+
+
+def test_each_family_has_a_quick_level():
+    from qrgen.plan.family import quick_level
+    from qrgen.plan.planner import plan
+    from qrgen.schedule.files import find
+
+    whole, _ = find(Problem(64, 64, 1000), TARGET)
+    rows, _ = find(Problem(1024, 1024, 60), TARGET)
+    assert {quick_level(k) for k in plan(whole, TARGET).kernels} == {"max"}
+    assert {quick_level(k) for k in plan(rows, TARGET).kernels} == {"mid"}  # lanes, rows loop, products
+    tall, _ = find(Problem(20000, 100, 1), TARGET)  # rows panels with their loop over columns unrolled
+    assert {(k.variant, quick_level(k)) for k in plan(tall, TARGET).kernels} == {("rows", "max")}
 
 
 @needs_nvrtc
