@@ -48,6 +48,14 @@ def test_wheel_installs_and_builds_outside_the_checkout(tmp_path):
                  " print(m.schedule.describe()); print(m80.ARCH, m80.schedule.describe())", cwd=work)
     assert "sm_80" in shown and "cluster" not in shown.splitlines()[1]
     assert "aggregates of 128 columns" in shown
+    # Metal: a module of .metal sources, and the CPU translation layer's headers shipped with the templates
+    log = _run(str(python), "-m", "qrgen", "build", "--shape", "64x64", "--batch", "8", "--arch", "apple9", cwd=work,
+               env=env)
+    assert "checked" in log and any((work / "generated" / "qr_64x64_b8_apple9").glob("*.metal"))
+    ran = _run(str(python), "-c", "from qrgen.run import metal_engine, msl_devices; from qrgen.numerics.stress import "
+               "stress; from qrgen.numerics.check import check; a = stress('random', 32, 32, 2); "
+               "print(check(a, *metal_engine.geqrf(a, msl_devices.CpuDevice())).ok)", cwd=work, env=env)
+    assert ran.strip().endswith("True")
 
 
 _COMPILE_IN_VENV = """
