@@ -173,6 +173,7 @@ extern "C" int {name}__launch(void** p, float* tg, int gx, int gy, int gz, int t
 def check_launch(name: str, threads: int, tg_floats: int) -> None:
     """Apple's limits on a dispatch, as a Mac enforces them: a ValueError beyond them."""
     if threads % 32 or not 32 <= threads <= THREADS:
-        raise ValueError(f"{name}: {threads} threads per threadgroup; Metal allows multiples of 32 up to {THREADS} here")
+        raise ValueError(f"{name}: {threads} threads per threadgroup; Metal allows multiples of 32 up to "
+                         f"{THREADS} here")
     if not 0 < 4 * tg_floats <= THREADGROUP_BYTES:
         raise ValueError(f"{name}: {4 * tg_floats} bytes of threadgroup memory; Apple GPUs allow {THREADGROUP_BYTES}")

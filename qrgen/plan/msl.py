@@ -10,7 +10,7 @@ from ..render.environment import environment
 from ..version import __version__
 from .specs import KernelSpec, Rendered
 
-PANEL_VARIANTS = ("rows",)
+PANEL_VARIANTS = ("rows", "whole")
 TMAT_MAX = 256  # reflectors of the T kernel (rows of T in device memory: no threadgroup memory bound)
 GEMM_THREADS = 128
 GEMM_TILE = 32
@@ -23,10 +23,17 @@ STAGE_KIND = {"project": "project", "update": "update", "gram": "gram", "aggrega
               "qproject": "project", "qupdate": "update"}
 
 
-def panel_tg_floats(spec: KernelSpec) -> int:
-    """Threadgroup memory of a rows panel kernel, in floats (qr.metal.j2's layout)."""
-    warps, w = spec.threads // 32, spec.width
-    return warps * 33 + 33 + 64 + 2 * w * (w + 1) + 32
+def tg_floats(variant: str, threads: int, width: int, m: int, n: int) -> int:
+    """Threadgroup memory of a panel kernel, in floats: a rows panel's (qr.metal.j2's layout), or a whole kernel's,
+    the matrix with rows n | 1 floats apart beside the sums (whole.metal.j2)."""
+    warps = threads // 32
+    if variant == "whole":
+        return m * (n | 1) + warps * 33 + 33
+    return warps * 33 + 33 + 64 + 2 * width * (width + 1) + 32
+
+
+def panel_tg_floats(spec: KernelSpec, m: int, n: int) -> int:
+    return tg_floats(spec.variant, spec.threads, spec.width, m, n)
 
 
 def gemm_name(kind: str) -> str:
@@ -47,10 +54,15 @@ def check(schedule, target) -> None:
     """ValueError naming what a Metal target cannot run: panels other than one-threadgroup rows panels with the loop
     unrolled, products other than fp32 through the backend's GEMM, power-of-two scaling, aggregates over TMAT_MAX."""
     for index, panel in enumerate(schedule.panels):
+        need = 4 * tg_floats(panel.variant, panel.threads, panel.width, schedule.m, schedule.n)
+        if need > target.limits.shared_bytes:
+            raise ValueError(f"Schedule.panels[{index}] ({panel.variant}) needs {need} bytes of threadgroup memory "
+                             f"for a {schedule.m}x{schedule.n} matrix; {target.arch} has {target.limits.shared_bytes}")
         if panel.variant not in PANEL_VARIANTS or panel.blocks != 1 or panel.cluster or panel.loop:
             raise ValueError(f"Schedule.panels[{index}] ({panel.variant}, {panel.blocks} block(s)"
                              f"{', cluster' if panel.cluster else ''}{', loop' if panel.loop else ''}): Metal runs "
-                             f"panels of variant {PANEL_VARIANTS} on one threadgroup, the loop over columns unrolled")
+                             f"panels of variant {PANEL_VARIANTS} on one threadgroup, the loop over columns unrolled "
+                             f"(a 'whole' kernel factors column by column: its slice is not used)")
     if schedule.panel_update != "cublas":
         raise ValueError(f"Schedule.panel_update {schedule.panel_update!r}: on Metal the panels' own products run "
                          f"through the backend's GEMM kernels ('cublas')")
@@ -91,5 +103,5 @@ def render(spec: KernelSpec, schedule, target) -> Rendered:
 
 
 def render_panel(spec: KernelSpec, schedule) -> dict:
-    """The template variables of a rows panel kernel on Metal beside the common ones (plan/family.render_panel)."""
-    return {"tg_floats": panel_tg_floats(spec)}
+    """The template variables of a panel kernel on Metal beside the common ones (plan/family.render_panel)."""
+    return {"tg_floats": panel_tg_floats(spec, schedule.m, schedule.n)}

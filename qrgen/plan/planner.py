@@ -49,7 +49,7 @@ def check(schedule, target: Target) -> None:
                 f"Schedule.panels[{index}] ({panel.variant}, width {panel.width}, threads {panel.threads}, "
                 f"blocks {panel.blocks}) needs about {res.registers} registers per thread for its "
                 f"{res.rows} rows; the cap is {res.register_cap}: use more threads or blocks, or a narrower panel")
-        if res.shared_bytes > limits.shared_bytes:
+        if res.shared_bytes > limits.shared_bytes and not target.record.families:  # (those check their own)
             raise ValueError(f"Schedule.panels[{index}] needs {res.shared_bytes} bytes of shared memory; "
                              f"the budget is {limits.shared_bytes}")
         missing = [f for f in panel_family(panel.variant).features(panel) if not target.has(f)]

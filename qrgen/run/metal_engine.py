@@ -55,7 +55,8 @@ class MetalEngine:
         b = self.buffers
         vt, zt = (b[v[0]], b[z[0]]) if L.trail else (b["h"], b["h"])
         self._run(L.kernel, (self.nb, 1, 1), spec.threads, (b["h"], b["tau"], vt, zt),
-                  (L.c0, L.rows, L.v_ld, L.v_bs, v[1], z[1]), msl.panel_tg_floats(spec))
+                  (L.c0, L.rows, L.v_ld, L.v_bs, v[1], z[1]),
+                  msl.panel_tg_floats(spec, self.fac.m, self.fac.n))
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
              precision, via="cublas", side=False):

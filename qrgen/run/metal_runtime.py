@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from ..problem import Problem
+from ..schedule import apple
 from ..schedule.files import find
 from ..targets import Target
 from . import metal_engine
@@ -65,6 +66,8 @@ def factorizer(m: int, n: int, batch: int, device, target: Target | None = None,
     fac = _FACTORIZERS.get(key)
     if fac is None:
         schedule, _ = find(Problem(m, n, batch), target)
+        if keep and any(p.variant == "whole" for p in schedule.panels):  # keeps no reflectors for Q
+            schedule = apple.rows_schedule(Problem(m, n, batch), target)
         fac = _FACTORIZERS[key] = metal_engine.MetalFactorizer(schedule, device, target, keep)
     return fac
 

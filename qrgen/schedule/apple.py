@@ -1,5 +1,6 @@
-"""The default schedule on Apple GPUs (the Metal backend): rows panels on one threadgroup, the widest panel of at
-most 32 columns whose rows fit the registers of a threadgroup, and aggregates of 4 panels for wide matrices. No
+"""The default schedule on Apple GPUs (the Metal backend): a matrix that fits a threadgroup's memory in one kernel
+(a "whole" panel); else rows panels on one threadgroup, the widest panel of at most 32 columns whose rows fit the
+registers of a threadgroup, and aggregates of 4 panels for wide matrices. No
 schedule has been tuned on an Apple GPU: this is a heuristic from the limits in qrgen/targets/metal.py alone, and
 the place tuned files would take over (schedules/<family>/, as for CUDA) once an Apple GPU can run the tuner
 (docs/decisions.md#apple-defaults)."""
@@ -8,6 +9,9 @@ from __future__ import annotations
 from ..plan import rows
 from ..plan.family import THREADS, register_cap
 from .model import Panel, Schedule
+
+WHOLE_SLICE = 8  # a whole Panel's slice, which Metal's whole kernel does not use (it factors column by column)
+WHOLE_MAX_THREADS = 256
 
 WIDTHS = (32, 16, 8, 4, 2, 1)
 SLOTS_PREFERRED = 4  # rows per thread: the fewest threads that hold the panel in this many rows each, where they fit
@@ -24,7 +28,27 @@ def _fit(width: int, m: int, limits) -> int | None:
     return (preferred or fits or [None])[0]
 
 
+def whole_schedule(problem, target) -> Schedule | None:
+    """One threadgroup per matrix, the matrix in threadgroup memory, where it fits (plan/msl.check); else None."""
+    from ..plan.planner import check
+
+    threads = next((t for t in THREADS if t >= max(problem.m, problem.n)), THREADS[-1])
+    threads = min(WHOLE_MAX_THREADS, threads)
+    schedule = Schedule(problem.m, problem.n, (Panel(problem.k, "whole", threads, slice=WHOLE_SLICE),))
+    try:
+        check(schedule, target)
+    except ValueError:
+        return None
+    return schedule
+
+
 def default_schedule(problem, target) -> Schedule:
+    return whole_schedule(problem, target) or rows_schedule(problem, target)
+
+
+def rows_schedule(problem, target) -> Schedule:
+    """Rows panels (and aggregates): the schedule of matrices too large for one threadgroup's memory, and of qr's Q
+    for any (a whole kernel keeps no reflectors)."""
     m, k = problem.m, problem.k
     limits = target.limits
     for width in WIDTHS:

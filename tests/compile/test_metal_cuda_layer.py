@@ -6,6 +6,7 @@ from qrgen.compile import msl
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.sources import render
+from qrgen.schedule import apple as apple_schedule
 from qrgen.schedule.files import find
 from qrgen.targets import Target
 
@@ -18,8 +19,11 @@ def test_the_cuda_translation_of_metal_kernels_compiles(batch, m, n):
 
     apple = Target.parse("apple9")
     schedule, _ = find(Problem(m, n, batch), apple)
-    for kernel in plan(schedule, apple, keep=True).kernels:
-        code, sig = msl.to_cuda(render(kernel, schedule, apple).source, kernel.name)
+    rows = apple_schedule.rows_schedule(Problem(m, n, batch), apple)  # qr's keep plan (run/metal_runtime.py)
+    kernels = ([(k, schedule) for k in plan(schedule, apple).kernels]
+               + [(k, rows) for k in plan(rows, apple, True).kernels])
+    for kernel, s in kernels:
+        code, sig = msl.to_cuda(render(kernel, s, apple).source, kernel.name)
         assert f"{kernel.name}__msl(" in code and len(sig.buffers) >= 4
         prog = nvrtc.createProgram(code, f"{kernel.name}.cu", [], [])
         try:

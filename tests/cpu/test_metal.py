@@ -10,6 +10,7 @@ from qrgen.numerics.stress import FAMILIES, mixed, stress
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.sources import render, render_all
+from qrgen.schedule import apple
 from qrgen.schedule.files import find
 from qrgen.targets import Target
 
@@ -45,16 +46,17 @@ def test_every_default_metal_kernel_passes_the_check(batch, m, n):
     pytest.importorskip("clang.cindex")
     schedule, _ = find(Problem(m, n, batch), APPLE)
     names = set()
-    for keep in (False, True):
-        for kernel in plan(schedule, APPLE, keep).kernels:
+    # qr's keep plan: a whole schedule keeps no reflectors, so qr takes the rows schedule (run/metal_runtime.py)
+    for s, keep in ((schedule, False), (apple.rows_schedule(Problem(m, n, batch), APPLE), True)):
+        for kernel in plan(s, APPLE, keep).kernels:
             if kernel.name not in names:
                 names.add(kernel.name)
-                msl.check(render(kernel, schedule, APPLE).source, kernel.name)
+                msl.check(render(kernel, s, APPLE).source, kernel.name)
     assert names
 
 
 def _panel_source():
-    schedule, _ = find(Problem(64, 64, 2), APPLE)
+    schedule, _ = find(Problem(300, 64, 2), APPLE)
     return next(r for r in render_all(schedule, APPLE) if r.name.startswith("qr_rows"))
 
 
@@ -92,7 +94,8 @@ def cpu_device(tmp_path_factory):
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (8, 64, 64), (4, 176, 176), (1, 4096, 32), (3, 100, 300)])
+@pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (8, 64, 64), (4, 176, 176), (1, 4096, 32), (3, 100, 300),
+                                       (12, 100, 60)])
 def test_metal_kernels_on_the_cpu_layer_pass_the_gates(cpu_device, batch, m, n):
     from qrgen.run import metal_engine
 
@@ -126,10 +129,12 @@ def test_a_barrier_not_every_thread_reaches_is_an_error_on_the_cpu_layer(cpu_dev
     broken = r.source.replace("  block_barrier();  // taus complete", "  if (t < 32) block_barrier();", 1)
     assert broken != r.source
     kernel = cpu_device.load(r.name + "_broken", broken.replace(r.name, r.name + "_broken"))
-    buffers = [cpu_device.empty(64 * 64 * 2), cpu_device.empty(128), cpu_device.empty(8192), cpu_device.empty(8192)]
+    buffers = [cpu_device.empty(300 * 64 * 2), cpu_device.empty(128), cpu_device.empty(32768),
+               cpu_device.empty(32768)]
     buffers[0][...] = 1.0
+    threads = int(r.name.split("_t")[1].split("_")[0])
     with pytest.raises(RuntimeError, match="deadlocked"):
-        cpu_device.dispatch(kernel, (1, 1, 1), 64, buffers, [0, 64, 64, 2048, 0, 0], 4096)
+        cpu_device.dispatch(kernel, (1, 1, 1), threads, buffers, [0, 300, 300, 9600, 0, 0], 4096)
 
 
 def test_qrgen_build_for_an_apple_family_writes_a_module_and_its_metal_sources(tmp_path, monkeypatch, cpu_device):

@@ -10,6 +10,7 @@ from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.environment import environment
 from qrgen.render.sources import render, render_all
+from qrgen.schedule.apple import rows_schedule
 from qrgen.schedule.files import find
 from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.targets import Target
@@ -75,7 +76,8 @@ def test_every_template_renders_strictly():
         apple = Target.parse("apple9")
         for shape in ((64, 64, 8), (300, 300, 2)):  # Metal: panels, GEMMs, T (plain and keep plans)
             metal = find(Problem(*shape[:2], shape[2]), apple)[0]
-            sources += render_all(metal, apple) + render_all(metal, apple, keep=True)
+            sources += render_all(metal, apple) + render_all(rows_schedule(Problem(*shape[:2], shape[2]), apple),
+                                                             apple, keep=True)
         markdown_document([("title", "| table |")], "qrgen bench --markdown BENCHMARKS.md",
                           dict(date="d", device="dev", driver=0, runtime=0, nvrtc="0", cupy="0", torch="0",
                                version="0"))
