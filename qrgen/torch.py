@@ -220,7 +220,9 @@ def lstsq(a: Tensor, b: Tensor, *, precision: str | None = None) -> tuple[Tensor
 
 def routes(*tensors) -> bool:
     """Whether qrgen's top-level functions hand these arguments to the ops: while torch.compile traces, or where
-    autograd would record the call."""
+    autograd would record the call. Tensors on "mps" never: the Metal runtime takes them (no ops, no gradients)."""
+    if any(isinstance(t, Tensor) and t.device.type == "mps" for t in tensors):
+        return False
     if torch.compiler.is_compiling():
         return True
     return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)

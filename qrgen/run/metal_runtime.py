@@ -40,6 +40,8 @@ def _host(a) -> tuple[np.ndarray, object]:
     if torch is not None and isinstance(a, torch.Tensor):
         if a.dtype != torch.float32:
             raise TypeError(f"qrgen takes float32 tensors; got {a.dtype}")
+        if a.requires_grad and torch.is_grad_enabled():
+            raise ValueError("qrgen on Metal has no gradients yet: call it under torch.no_grad() or on a.detach()")
         device = a.device
         return a.detach().cpu().numpy(), lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(device)
     if isinstance(a, np.ndarray):
