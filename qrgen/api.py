@@ -113,6 +113,8 @@ def householder_product(h, tau, complete: bool = False, *, precision: str | None
     docs/decisions.md#q-products-tf32x3) or "fp32" (every product in fp32, cuBLAS). (`factorizer`: a generated module's, which checks the
     shape.)"""
     check_precision(precision)
+    if metal_runtime.takes(h):
+        return metal_runtime.householder_product(h, tau, complete)
     arrs = _arrays(h=h, tau=tau)
     hd, td = arrs["h"].data, arrs["tau"].data
     _check_tau(hd, td)
@@ -134,6 +136,8 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False, *, left: bool | N
     side = side if left is None else ("L" if left else "R")
     if side not in qmatrix.SIDES:
         raise ValueError(f"side must be one of {qmatrix.SIDES}, got {side!r}")
+    if metal_runtime.takes(h):
+        return metal_runtime.ormqr(h, tau, c, side, transpose)
     arrs = _arrays(h=h, tau=tau, c=c)
     hd, td, cd = arrs["h"].data, arrs["tau"].data, arrs["c"].data
     _check_tau(hd, td)
@@ -226,6 +230,8 @@ def lstsq(a, b, *, precision: str | None = None, factorizer=None):
     (..., m, p); returns (x, residual), residual the squared norm of a x - b per right-hand side. precision: as
     for qrgen.geqrf (the error of x grows with a's condition number times the factorization's backward error)."""
     check_precision(precision)
+    if metal_runtime.takes(a):
+        return metal_runtime.lstsq(a, b)
     arrs = _arrays(a=a, b=b)
     ad, bd = arrs["a"].data, arrs["b"].data
     m, n = ad.shape[-2:]

@@ -82,19 +82,28 @@ class GeneratedModule:
             return metal_runtime.qr(a, mode, self._get().device, Target.parse(self.arch))
         return api.qr(a, mode, factorizer=self._get())
 
-    def _cuda_only(self, what: str) -> None:
-        if Target.parse(self.arch).backend == "metal":
-            raise ValueError(f"{what} has no Metal path yet: Metal modules have geqrf and qr")
+    def _metal_device(self):
+        """A Metal module's device, where its target is Metal; else None."""
+        return self._get().device if Target.parse(self.arch).backend == "metal" else None
 
     def lstsq(self, a, b):
-        self._cuda_only("lstsq")
+        if self._metal_device() is not None:
+            from .run import metal_runtime
+
+            return metal_runtime.lstsq(a, b, self._metal_device(), Target.parse(self.arch))
         return api.lstsq(a, b, factorizer=self._get())
 
     def householder_product(self, h, tau, complete: bool = False):
-        self._cuda_only("householder_product")
+        if self._metal_device() is not None:
+            from .run import metal_runtime
+
+            return metal_runtime.householder_product(h, tau, complete, self._metal_device(), Target.parse(self.arch))
         return api.householder_product(h, tau, complete, factorizer=self._get())
 
     def ormqr(self, h, tau, c, side: str = "L", transpose: bool = False):
-        self._cuda_only("ormqr")
+        if self._metal_device() is not None:
+            from .run import metal_runtime
+
+            return metal_runtime.ormqr(h, tau, c, side, transpose, self._metal_device(), Target.parse(self.arch))
         return api.ormqr(h, tau, c, side, transpose, factorizer=self._get())
 

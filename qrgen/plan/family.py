@@ -43,8 +43,9 @@ def panel_family(variant: str):
 
 def family(spec: KernelSpec):
     """The module of a kernel spec's family."""
-    name = {"project": "rowsplit", "update": "rowsplit", "msl_gemm": "msl", "msl_tmat": "msl"}.get(spec.variant,
-                                                                                               spec.variant)
+    name = {"project": "rowsplit", "update": "rowsplit"}.get(spec.variant, spec.variant)
+    if name.startswith("msl_"):  # Metal's own families (plan/msl.py)
+        name = "msl"
     return importlib.import_module(f"{__package__}.{name}")
 
 

@@ -50,6 +50,14 @@ def tmat_kernel() -> KernelSpec:
     return KernelSpec("qr_tmat", "msl_tmat", 0, 1024, 1, 0, 1, False, 0, 16, ())
 
 
+# The kernels of Q and Q^T C from (h, tau) and of least squares (run/metal_q.py): V^T of a block from h, and the
+# triangular solve
+VT_THREADS = 256
+TRSM_THREADS = 32
+Q_KERNELS = (KernelSpec("qr_vt", "msl_vt", 0, VT_THREADS, 1, 0, 1, False, 0, 16, ()),
+             KernelSpec("qr_trsm", "msl_trsm", 0, TRSM_THREADS, 1, 0, 1, False, 0, 16, ()))
+
+
 def check(schedule, target) -> None:
     """ValueError naming what a Metal target cannot run: panels other than one-threadgroup rows panels with the loop
     unrolled, products other than fp32 through the backend's GEMM, power-of-two scaling, aggregates over TMAT_MAX."""
@@ -97,6 +105,8 @@ def render(spec: KernelSpec, schedule, target) -> Rendered:
             beta_literal=_literal(beta), tg_floats=GEMM_TG_FLOATS)
     elif spec.variant == "msl_tmat":
         source = env.get_template("metal/tmat.metal.j2").render(**common, tmat_max=TMAT_MAX)
+    elif spec.variant in ("msl_vt", "msl_trsm"):
+        source = env.get_template(f"metal/{spec.variant[4:]}.metal.j2").render(**common)
     else:
         raise ValueError(f"no Metal kernel family {spec.variant!r}")
     return Rendered(spec.name, source)

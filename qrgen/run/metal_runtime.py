@@ -13,7 +13,7 @@ from ..problem import Problem
 from ..schedule import apple
 from ..schedule.files import find
 from ..targets import Target
-from . import metal_engine
+from . import metal_engine, metal_q
 
 _FACTORIZERS: dict = {}
 
@@ -109,3 +109,76 @@ def qr(a, mode: str = "reduced", device=None, target: Target | None = None):
     fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target, keep=True)
     q, r = metal_engine.qr(x, dev, fac.schedule, fac.target, complete=mode == "complete", factorizer=fac)
     return back(q.reshape(lead + q.shape[1:])), back(r.reshape(lead + r.shape[1:]))
+
+
+def _factor_pair(h, tau):
+    hh, lead, back = _batched(h)
+    th, _ = _host(tau)
+    k = min(hh.shape[1:])
+    if th.shape != lead + (k,):
+        raise ValueError(f"tau must have shape {lead + (k,)} for h of shape {lead + hh.shape[1:]}; got {th.shape}")
+    return hh, th.reshape(-1, k), lead, back
+
+
+def householder_product(h, tau, complete: bool = False, device=None, target: Target | None = None):
+    """Q (..., m, min(m, n)), or (..., m, m) with complete, of geqrf's (h, tau) on the Metal GPU."""
+    hh, th, lead, back = _factor_pair(h, tau)
+    nb, m, n = hh.shape
+    dev = metal_device(device)
+    target = target or Target("metal", getattr(dev, "family", metal_engine.APPLE.arch))
+    cols = m if complete else min(m, n)
+    hd, td, q = dev.array(hh.reshape(-1)), dev.array(th.reshape(-1)), dev.array(metal_q.identity(nb, m, cols))
+    metal_q.apply(dev, target, hd, td, q, nb, m, n, cols, transpose=False)
+    return back(dev.to_host(q)[:nb * m * cols].reshape(lead + (m, cols)))
+
+
+def ormqr(h, tau, c, side: str = "L", transpose: bool = False, device=None, target: Target | None = None):
+    """op(Q) C (side "L", C (..., m, p)) or C op(Q) (side "R", C (..., p, m)), op(Q) = Q^T with transpose."""
+    if side not in ("L", "R"):
+        raise ValueError(f"side must be 'L' or 'R', got {side!r}")
+    hh, th, lead, back = _factor_pair(h, tau)
+    cc, clead, _ = _batched(c)
+    nb, m, n = hh.shape
+    if clead != lead or cc.shape[1 if side == "L" else 2] != m:
+        raise ValueError(f"c must have shape {'(..., m, p)' if side == 'L' else '(..., p, m)'} with h's leading "
+                         f"dimensions {lead} and m = {m}; got {clead + cc.shape[1:]}")
+    # C op(Q) = (op(Q)^T C^T)^T
+    x = cc if side == "L" else np.ascontiguousarray(np.swapaxes(cc, 1, 2))
+    dev = metal_device(device)
+    target = target or Target("metal", getattr(dev, "family", metal_engine.APPLE.arch))
+    p = x.shape[2]
+    hd, td, xd = dev.array(hh.reshape(-1)), dev.array(th.reshape(-1)), dev.array(x.reshape(-1))
+    metal_q.apply(dev, target, hd, td, xd, nb, m, n, p, transpose if side == "L" else not transpose)
+    out = dev.to_host(xd)[:nb * m * p].reshape(nb, m, p)
+    out = out if side == "L" else np.swapaxes(out, 1, 2)
+    return back(np.ascontiguousarray(out).reshape(lead + out.shape[1:]))
+
+
+def lstsq(a, b, device=None, target: Target | None = None):
+    """Least squares for full-rank tall or square a (..., m, n), b (..., m) or (..., m, p): (x, residual), the
+    residual the squared norm of a x - b per right-hand side."""
+    x3, lead, back = _batched(a)
+    bh, _ = _host(b)
+    nb, m, n = x3.shape
+    if m < n:
+        raise ValueError(f"lstsq needs m >= n (full-rank tall or square systems); got {m}x{n}")
+    vector = bh.ndim == len(lead) + 1
+    if (bh.shape[:-1] if vector else bh.shape[:-2]) != lead or bh.shape[-1 if vector else -2] != m:
+        raise ValueError(f"b must have shape (..., m) or (..., m, p) with a's leading dimensions {lead} and m = {m}; "
+                         f"got {bh.shape}")
+    rhs = np.ascontiguousarray(bh.reshape(nb, m, -1), dtype=np.float32)
+    p = rhs.shape[2]
+    dev = metal_device(device)
+    fac = factorizer(m, n, nb, dev, target)
+    hd, td = dev.array(x3.reshape(-1)), dev.empty(nb * n)
+    from .sequence import drive
+
+    drive(fac, metal_engine.MetalEngine(fac, hd, td, nb))
+    yd = dev.array(rhs.reshape(-1))
+    metal_q.apply(dev, fac.target, hd, td, yd, nb, m, n, p, transpose=True)
+    metal_q.solve(dev, fac.target, hd, yd, nb, m, n, p)
+    y = dev.to_host(yd)[:nb * m * p].reshape(nb, m, p)
+    x, res = y[:, :n, :], np.sum(y[:, n:, :].astype(np.float64) ** 2, axis=1).astype(np.float32)
+    x = x.reshape(lead + (n,)) if vector else x.reshape(lead + (n, p))
+    res = res.reshape(lead) if vector else res.reshape(lead + (p,))
+    return back(np.ascontiguousarray(x)), back(res)

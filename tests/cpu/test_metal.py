@@ -62,6 +62,10 @@ def _panel_source():
 
 def test_the_check_refuses_what_the_metal_compiler_would():
     pytest.importorskip("clang.cindex")
+    from qrgen.plan import msl as families
+
+    for kernel in families.Q_KERNELS:  # Q, Q^T C and least squares from (h, tau)
+        msl.check(render(kernel, None, APPLE).source, kernel.name)
     r = _panel_source()
     msl.check(r.source, r.name)
     cases = {
@@ -157,8 +161,8 @@ def test_qrgen_build_for_an_apple_family_writes_a_module_and_its_metal_sources(t
     assert check(a, h, tau).ok
     q, r = module.qr(a)
     assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
-    with pytest.raises(ValueError, match="Metal"):
-        module.lstsq(a, a[..., :1])
+    x, res = module.lstsq(a[:, :, :40] + np.eye(64, 40, dtype=np.float32), a[..., 0])
+    assert x.shape == (5, 40) and res.shape == (5,)
     sys.modules.pop(f"gen.{generated.name}", None)
 
 
@@ -178,3 +182,31 @@ def test_the_metal_runtime_keeps_factorizers_and_returns_the_inputs_kind(cpu_dev
     with pytest.raises(TypeError, match="float32"):
         metal_runtime.geqrf(a.astype(np.float64), cpu_device)
     assert not metal_runtime.takes(a)  # NumPy arrays go to the Metal runtime only when a device is given
+
+
+@pytest.mark.parametrize("m,n", [(64, 48), (100, 70), (30, 50)])
+def test_q_functions_and_lstsq_on_the_cpu_layer(cpu_device, m, n):
+    from qrgen.run import metal_runtime as mr
+
+    a = stress("nearrankdef" if m > n else "random", m, n, 3, seed=m)
+    h, tau = mr.geqrf(a, cpu_device)
+    k = min(m, n)
+    q = mr.householder_product(h, tau, False, cpu_device)
+    assert np.abs(q @ np.triu(h[:, :k, :]) - a).max() <= 1e-4 * np.abs(a).max()
+    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(k)).max() <= 1e-4
+    qc = mr.householder_product(h, tau, True, cpu_device)
+    c, cr = stress("random", m, 5, 3, seed=2), stress("random", 5, m, 3, seed=3)
+    for transpose in (False, True):
+        op = np.swapaxes(qc, 1, 2) if transpose else qc
+        assert np.abs(mr.ormqr(h, tau, c, "L", transpose, cpu_device) - op @ c).max() <= 1e-4
+        assert np.abs(mr.ormqr(h, tau, cr, "R", transpose, cpu_device) - cr @ op).max() <= 1e-4
+    if m >= n:
+        a = stress("random", m, n, 3, seed=5)
+        b = stress("random", m, 2, 3, seed=4)
+        x, res = mr.lstsq(a, b, cpu_device)
+        want = np.stack([np.linalg.lstsq(a[i].astype(np.float64), b[i].astype(np.float64), rcond=None)[0]
+                         for i in range(3)])
+        assert np.abs(x - want).max() <= 1e-3 * np.abs(want).max()
+        assert np.allclose(res, ((a.astype(np.float64) @ x - b) ** 2).sum(1), rtol=1e-3, atol=1e-5)
+        with pytest.raises(ValueError, match="m >= n"):
+            mr.lstsq(np.swapaxes(a, 1, 2).copy(), b[:, :n], cpu_device)

@@ -5,7 +5,7 @@ import pytest
 from qrgen.bench import markdown_document
 from qrgen.build import render_module
 from qrgen.paths import template_dir
-from qrgen.plan import fused, tf32x3
+from qrgen.plan import fused, msl, tf32x3
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.environment import environment
@@ -78,6 +78,7 @@ def test_every_template_renders_strictly():
             metal = find(Problem(*shape[:2], shape[2]), apple)[0]
             sources += render_all(metal, apple) + render_all(rows_schedule(Problem(*shape[:2], shape[2]), apple),
                                                              apple, keep=True)
+        sources += [render(k, None, apple) for k in msl.Q_KERNELS]
         markdown_document([("title", "| table |")], "qrgen bench --markdown BENCHMARKS.md",
                           dict(date="d", device="dev", driver=0, runtime=0, nvrtc="0", cupy="0", torch="0",
                                version="0"))

@@ -52,3 +52,22 @@ def test_metal_q_on_cuda(device):
     q, r = metal_engine.qr(a, device)
     assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
     assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(200)).max() <= 1e-4
+
+
+def test_metal_q_functions_and_lstsq_on_cuda(device):
+    import numpy as np
+
+    from qrgen.numerics.stress import stress
+    from qrgen.run import metal_runtime as mr
+
+    a = stress("rankdef", 500, 300, 4, seed=3)
+    h, tau = mr.geqrf(a, device)
+    q = mr.householder_product(h, tau, False, device)
+    assert np.abs(q @ np.triu(h[:, :300, :]) - a).max() <= 1e-4 * np.abs(a).max()
+    c = stress("random", 500, 7, 4, seed=1)
+    assert np.abs(mr.ormqr(h, tau, c, "L", True, device) - np.swapaxes(q, 1, 2) @ c)[:, :300].max() <= 1e-4
+    b = stress("random", 500, 3, 4, seed=2)
+    a = stress("random", 500, 300, 4, seed=4)
+    x, _ = mr.lstsq(a, b, device)
+    want = np.stack([np.linalg.lstsq(a[i].astype(np.float64), b[i], rcond=None)[0] for i in range(4)])
+    assert np.abs(x - want).max() <= 1e-3 * np.abs(want).max()
