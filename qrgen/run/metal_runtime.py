@@ -1,6 +1,6 @@
 """qrgen's functions (geqrf, qr, householder_product, ormqr, lstsq) on the arrays Apple users hold: MLX arrays and
-torch tensors on "mps" (and, with an explicit device, NumPy arrays), run by the Metal engine on the Mac's GPU (run/metal_mac.py), the results of the
-input's kind. The factorizer of each (shape, target, keep) is made once per device and kept. Tests pass one of the
+torch tensors on "mps" (and, with an explicit device, NumPy arrays), run by the Metal engine on the Mac's GPU
+(run/metal_mac.py), the results of the input's kind. The factorizer of each (shape, target, keep) is made once per device and kept. Tests pass one of the
 translation layers (run/msl_devices.py) as the device: everything here but the Mac device itself runs in CI."""
 from __future__ import annotations
 
