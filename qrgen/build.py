@@ -1,14 +1,13 @@
 """`qrgen build`: schedule -> rendered kernels -> compiled binaries -> an importable module under generated/."""
 from __future__ import annotations
 
+import importlib
 import os
 import pprint
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import importlib
 
 from .paths import generated_dir, schedule_dir
 from .problem import Problem

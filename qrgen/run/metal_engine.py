@@ -104,16 +104,28 @@ def _prepare(a, schedule, target):
     return a, schedule
 
 
+def factor(fac: MetalFactorizer, a: np.ndarray) -> MetalEngine:
+    """Factor a (batch, m, n) float32 on the factorizer's device: the engine, its buffers h and tau on the device."""
+    engine = MetalEngine(fac, fac.device.array(a.reshape(-1)), fac.device.empty(a.shape[0] * fac.k), a.shape[0])
+    drive(fac, engine)
+    return engine
+
+
+def identity(batch: int, m: int, cols: int) -> np.ndarray:
+    """The first cols columns of the m x m identity, batch times (Q's start)."""
+    q = np.zeros((batch, m, cols), dtype=np.float32)
+    qmatrix.set_diagonal(q, 1)
+    return q
+
+
 def geqrf(a, device, schedule=None, target: Target = APPLE, factorizer: MetalFactorizer | None = None):
     """(h, tau) of a (batch, m, n) float32 by the Metal kernels on `device`, as NumPy arrays (factorizer: one made
     for this schedule and device, reused)."""
     a, schedule = _prepare(a, schedule, target)
     fac = factorizer or MetalFactorizer(schedule, device, target)
-    batch = a.shape[0]
-    h, tau = device.array(a.reshape(-1)), device.empty(batch * fac.k)
-    drive(fac, MetalEngine(fac, h, tau, batch))
-    device.synchronize()
-    return device.to_host(h).reshape(a.shape), device.to_host(tau)[:batch * fac.k].reshape(batch, fac.k)
+    engine = factor(fac, a)
+    batch, b = a.shape[0], engine.buffers
+    return device.to_host(b["h"]).reshape(a.shape), device.to_host(b["tau"])[:batch * fac.k].reshape(batch, fac.k)
 
 
 def qr(a, device, schedule=None, target: Target = APPLE, complete: bool = False,
@@ -122,15 +134,10 @@ def qr(a, device, schedule=None, target: Target = APPLE, complete: bool = False,
     a, schedule = _prepare(a, schedule, target)
     fac = factorizer or MetalFactorizer(schedule, device, target, keep=True)
     batch, m, n = a.shape
-    h, tau = device.array(a.reshape(-1)), device.empty(batch * fac.k)
-    engine = MetalEngine(fac, h, tau, batch)
-    drive(fac, engine)
+    engine = factor(fac, a)
     qcols = m if complete else fac.k
-    q = np.zeros((batch, m, qcols), dtype=np.float32)
-    qmatrix.set_diagonal(q, 1)
-    engine.buffers["q"] = device.array(q.reshape(-1))
+    engine.buffers["q"] = device.array(identity(batch, m, qcols).reshape(-1))
     drive_q(fac, engine, qcols)
-    device.synchronize()
-    hh = device.to_host(h).reshape(a.shape)
+    hh = device.to_host(engine.buffers["h"]).reshape(a.shape)
     rows = m if complete else fac.k
     return device.to_host(engine.buffers["q"]).reshape(batch, m, qcols), np.triu(hh[:, :rows, :])

@@ -4,8 +4,6 @@ C ← C − V T V^T C (Q·C, the last block first) or C − V T^T V^T C (Qᵀ·C
 kernels; least squares by Qᵀ·b and a triangular solve with R (qr_trsm). Every product fp32."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..plan import msl
 from ..render.sources import render
 from ..targets import Target
@@ -60,9 +58,3 @@ def solve(device, target: Target, h, y, nb: int, m: int, n: int, p: int) -> None
     device.dispatch(ks["qr_trsm"], (-(-p // msl.TRSM_THREADS), 1, nb), msl.TRSM_THREADS, (h, y),
                     (n, n, m * n, p, m * p), 4)
 
-
-def identity(nb: int, m: int, cols: int) -> np.ndarray:
-    q = np.zeros((nb, m, cols), dtype=np.float32)
-    idx = np.arange(min(m, cols))
-    q[:, idx, idx] = 1.0
-    return q

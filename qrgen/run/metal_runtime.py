@@ -62,8 +62,13 @@ def metal_device(device=None):
     return metal_mac.shared_device()
 
 
+def _target(device, target: Target | None) -> Target:
+    """The target given, else the device's GPU family (a translation layer's: the engine's default)."""
+    return target or Target("metal", getattr(device, "family", metal_engine.APPLE.arch))
+
+
 def factorizer(m: int, n: int, batch: int, device, target: Target | None = None, keep: bool = False):
-    target = target or Target("metal", getattr(device, "family", metal_engine.APPLE.arch))
+    target = _target(device, target)
     key = (m, n, batch, target, keep, id(device))
     fac = _FACTORIZERS.get(key)
     if fac is None:
@@ -125,9 +130,9 @@ def householder_product(h, tau, complete: bool = False, device=None, target: Tar
     hh, th, lead, back = _factor_pair(h, tau)
     nb, m, n = hh.shape
     dev = metal_device(device)
-    target = target or Target("metal", getattr(dev, "family", metal_engine.APPLE.arch))
+    target = _target(dev, target)
     cols = m if complete else min(m, n)
-    hd, td, q = dev.array(hh.reshape(-1)), dev.array(th.reshape(-1)), dev.array(metal_q.identity(nb, m, cols))
+    hd, td, q = dev.array(hh.reshape(-1)), dev.array(th.reshape(-1)), dev.array(metal_engine.identity(nb, m, cols))
     metal_q.apply(dev, target, hd, td, q, nb, m, n, cols, transpose=False)
     return back(dev.to_host(q)[:nb * m * cols].reshape(lead + (m, cols)))
 
@@ -145,7 +150,7 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False, device=None, targ
     # C op(Q) = (op(Q)^T C^T)^T
     x = cc if side == "L" else np.ascontiguousarray(np.swapaxes(cc, 1, 2))
     dev = metal_device(device)
-    target = target or Target("metal", getattr(dev, "family", metal_engine.APPLE.arch))
+    target = _target(dev, target)
     p = x.shape[2]
     hd, td, xd = dev.array(hh.reshape(-1)), dev.array(th.reshape(-1)), dev.array(x.reshape(-1))
     metal_q.apply(dev, target, hd, td, xd, nb, m, n, p, transpose if side == "L" else not transpose)
@@ -170,10 +175,8 @@ def lstsq(a, b, device=None, target: Target | None = None):
     p = rhs.shape[2]
     dev = metal_device(device)
     fac = factorizer(m, n, nb, dev, target)
-    hd, td = dev.array(x3.reshape(-1)), dev.empty(nb * n)
-    from .sequence import drive
-
-    drive(fac, metal_engine.MetalEngine(fac, hd, td, nb))
+    engine = metal_engine.factor(fac, x3)
+    hd, td = engine.buffers["h"], engine.buffers["tau"]
     yd = dev.array(rhs.reshape(-1))
     metal_q.apply(dev, fac.target, hd, td, yd, nb, m, n, p, transpose=True)
     metal_q.solve(dev, fac.target, hd, yd, nb, m, n, p)

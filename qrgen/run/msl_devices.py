@@ -32,7 +32,6 @@ class CpuDevice:
         if not self.cxx:
             raise RuntimeError("running Metal kernels on the CPU needs a C++ compiler (c++ or $CXX)")
         self.version = subprocess.run([self.cxx, "--version"], capture_output=True, text=True).stdout
-        self.kernels: dict[str, object] = {}
 
     def array(self, host: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(host).copy()

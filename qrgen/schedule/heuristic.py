@@ -3,7 +3,6 @@ is in docs/decisions.md under the name it cites."""
 from __future__ import annotations
 
 import importlib
-
 import math
 from dataclasses import dataclass
 
