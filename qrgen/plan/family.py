@@ -54,11 +54,9 @@ QUICK_LEVEL = "mid"  # a first call's NVRTC level for a family's kernels unless 
 
 def quick_level(spec: KernelSpec) -> str:
     """The quick tier's optimization level for a kernel (compile/nvrtc.QUICK; docs/decisions.md#first-call-tiers):
-    its family's quick_level(spec) or QUICK_LEVEL where it has one, else the default."""
+    its family's quick_level(spec) where it has one, else QUICK_LEVEL."""
     fam = family(spec)
-    if hasattr(fam, "quick_level"):
-        return fam.quick_level(spec)
-    return getattr(fam, "QUICK_LEVEL", QUICK_LEVEL)
+    return fam.quick_level(spec) if hasattr(fam, "quick_level") else QUICK_LEVEL
 
 
 def register_cap(threads: int, limits) -> int:
