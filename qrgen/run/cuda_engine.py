@@ -199,9 +199,11 @@ class CudaEngine:
         if min(rows, cols, depth) < tf32x3.MIN:  # a panel's thin products: cuBLAS splits them better
             return False
         kind = tf32x3.project_kind(rows) if kind == "project" else kind
+        grid = tf32x3.grid(kind, rows, cols, self.nb * parts)
+        if grid is None:
+            return False
         cfg = tf32x3.CONFIGS[kind]
         _, func = self.funcs[tf32x3.name(kind)]
-        grid = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), self.nb * parts)
         self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
                      (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, parts,
                       self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)

@@ -191,10 +191,12 @@ def tf32x3_matmul(a, b, c, alpha: float, beta: float) -> bool:
         return False
     if any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa, sb, sc)):
         return False
-    device = cupy.cuda.Device().id
-    kernel, cfg = tf32x3.kernel(kind), tf32x3.CONFIGS[kind]
-    func = common_kernel(kernel, device)
-    func((-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), batch), (kernel.threads,),
+    grid = tf32x3.grid(kind, rows, cols, batch)
+    if grid is None:
+        return False
+    kernel = tf32x3.kernel(kind)
+    func = common_kernel(kernel, cupy.cuda.Device().id)
+    func(grid, (kernel.threads,),
          (a, np.int32(lda), np.int64(sa), b, np.int32(ldb), np.int64(sb), c, np.int32(ldc), np.int64(sc),
           np.int32(rows), np.int32(cols), np.int32(depth), np.float32(alpha), np.float32(beta), np.int32(1),
           np.int64(0)), shared_mem=kernel.shared_bytes)

@@ -94,3 +94,21 @@ def test_every_template_renders_strictly():
     every = {p.relative_to(TEMPLATES).as_posix() for p in TEMPLATES.rglob("*")
              if p.is_file() and "metal/layers" not in p.as_posix()}
     assert used == every, f"not rendered: {sorted(every - used)}; unknown: {sorted(used - every)}"
+
+
+def test_compiled_templates_are_kept_beside_the_kernel_cache_and_a_bad_folder_costs_nothing(tmp_path, monkeypatch):
+    def source() -> str:
+        environment.cache_clear()  # as a fresh process: a new environment, templates from the folder or compiled
+        return render(tf32x3.kernel("update"), None, TARGET).source
+
+    try:
+        monkeypatch.setenv("QRGEN_CACHE_DIR", str(tmp_path / "cache"))
+        text = source()
+        assert list((tmp_path / "cache" / "templates").glob("*.cache"))
+        assert source() == text
+        blocked = tmp_path / "a-file"
+        blocked.write_text("not a folder")
+        monkeypatch.setenv("QRGEN_CACHE_DIR", str(blocked))
+        assert source() == text
+    finally:
+        environment.cache_clear()
