@@ -236,12 +236,7 @@ def lstsq(a, b, *, precision: str | None = None, factorizer=None):
     ad, bd = arrs["a"].data, arrs["b"].data
     m, n = ad.shape[-2:]
     _check_shape(m, n, factorizer)
-    if m < n:
-        raise ValueError(f"lstsq needs m >= n (full-rank tall or square systems); got {m}x{n}")
-    vector = bd.ndim == ad.ndim - 1
-    if (bd.shape[:-1] if vector else bd.shape[:-2]) != ad.shape[:-2] or bd.shape[-1 if vector else -2] != m:
-        raise ValueError(f"b must have shape (..., m) or (..., m, p) with a's leading dimensions "
-                         f"{tuple(ad.shape[:-2])} and m = {m}; got {tuple(bd.shape)}")
+    vector = qmatrix.lstsq_shapes(tuple(ad.shape), tuple(bd.shape))
     lead = ad.shape[:-2]
     batch = math.prod(lead)
     fac = _factorizer(m, n, batch, ad.device.id, factorizer, precision)

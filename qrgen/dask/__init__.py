@@ -16,6 +16,7 @@ import functools
 
 import numpy as np
 
+from ..numerics import qmatrix
 from . import blocks, graph
 
 SPLIT_EVERY = 16  # R factors stacked per combine
@@ -115,13 +116,8 @@ def lstsq(a, b, *, split_every: int = SPLIT_EVERY):
     import dask.array as da
 
     b = _array(b, "b", 1)
-    m, n = a.shape[-2:]
-    if m < n:
-        raise ValueError(f"lstsq needs m >= n (full-rank tall or square systems); got {m}x{n}")
-    vector = b.ndim == a.ndim - 1
-    if (b.shape[:-1] if vector else b.shape[:-2]) != a.shape[:-2] or b.shape[-1 if vector else -2] != m:
-        raise ValueError(f"b must have shape {a.shape[:-2] + (m,)} or {a.shape[:-2] + (m, 'p')} for a of shape "
-                         f"{a.shape}; got {b.shape}")
+    vector = qmatrix.lstsq_shapes(a.shape, b.shape)
+    n = a.shape[-1]
     dtype, lead = _dtype(a), a.ndim - 2
     b3 = b[..., None] if vector else b
     p = b3.shape[-1]

@@ -123,13 +123,8 @@ def lstsq(a, b, dtype=None) -> LstsqResult:
     b = np.asarray(b)
     if np.iscomplexobj(b):
         raise TypeError(f"b is complex ({b.dtype}); qrgen solves real systems")
+    vector = qmatrix.lstsq_shapes(a.shape, b.shape)
     m, n = a.shape[-2:]
-    if m < n:
-        raise ValueError(f"lstsq needs tall or square matrices (m >= n); got {m}x{n}")
-    vector = b.ndim == a.ndim - 1
-    if (b.shape[:-1] if vector else b.shape[:-2]) != a.shape[:-2] or b.shape[-1 if vector else -2] != m:
-        raise ValueError(f"b must have shape {a.shape[:-2] + (m,)} or {a.shape[:-2] + (m, 'p')} for a of shape "
-                         f"{a.shape}; got {b.shape}")
     lead, p = a.shape[:-2], 1 if vector else b.shape[-1]
     if a.size == 0 or b.size == 0:
         x = np.zeros(lead + ((n,) if vector else (n, p)), dtype)

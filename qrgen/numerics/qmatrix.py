@@ -252,6 +252,19 @@ def solve_upper(r, y, block: int = 32):
     return x
 
 
+def lstsq_shapes(a_shape: tuple, b_shape: tuple) -> bool:
+    """Check lstsq's shapes (a (..., m, n) with m >= n, b (..., m) or (..., m, p) with a's leading dimensions);
+    returns whether b is a vector per matrix."""
+    m, n = a_shape[-2:]
+    if m < n:
+        raise ValueError(f"lstsq needs m >= n (full-rank tall or square systems); got {m}x{n}")
+    vector = len(b_shape) == len(a_shape) - 1
+    if (b_shape[:-1] if vector else b_shape[:-2]) != a_shape[:-2] or b_shape[-1 if vector else -2] != m:
+        raise ValueError(f"b must have shape {a_shape[:-2] + (m,)} or {a_shape[:-2] + (m, 'p')} for a of shape "
+                         f"{a_shape}; got {b_shape}")
+    return vector
+
+
 def lstsq(h, tau, b, block: int = BLOCK):
     """Least squares min ||A x - b|| for full-rank tall A given its (h, tau): (x, residual). b is (batch, m, p);
     x (batch, n, p); residual (batch, p), the squared norms of the parts of Q^T b that R cannot reach."""
