@@ -64,7 +64,7 @@ def _matrices(fn):
     """Run fn on a batch: a single matrix (2-D) as a batch of one, its results taken back out."""
     @functools.wraps(fn)
     def wrapper(a, *args, **kwargs):
-        a = _array(a, "a" if fn.__name__ in ("geqrf", "qr", "lstsq") else "h", 2)
+        a = _array(a, fn.__code__.co_varnames[0], 2)  # "a", or "h" for the Q functions
         if a.ndim > 2:
             return fn(a, *args, **kwargs)
         out = fn(a[None], *(_batch_of_one(x) for x in args), **kwargs)

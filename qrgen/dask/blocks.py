@@ -55,32 +55,32 @@ def placed(x):
         stream.synchronize()
 
 
+def _call(name: str, x, *args):
+    """qrgen's function `name` on chunks whose first is x: the GPU one for CuPy chunks, numpy_api's for NumPy."""
+    with placed(x):
+        return getattr(api if on_gpu(x) else numpy_api, name)(x, *args)
+
+
 def geqrf(a):
-    with placed(a):
-        return tuple(api.geqrf(a) if on_gpu(a) else numpy_api.geqrf(a))
+    return tuple(_call("geqrf", a))
 
 
 def qr(a, mode: str):
     """qr of a chunk: (Q, R) for "reduced" and "complete", (R,) for "r", (h^T, tau) for "raw"."""
-    with placed(a):
-        out = api.qr(a, mode) if on_gpu(a) else numpy_api.qr(a, mode)
+    out = _call("qr", a, mode)
     return (out,) if mode == "r" else tuple(out)
 
 
 def lstsq(a, b):
-    with placed(a):
-        return tuple(api.lstsq(a, b) if on_gpu(a) else numpy_api.lstsq(a, b))
+    return tuple(_call("lstsq", a, b))
 
 
 def householder_product(h, tau, complete: bool):
-    with placed(h):
-        fn = api.householder_product if on_gpu(h) else numpy_api.householder_product
-        return (fn(h, tau, complete),)
+    return (_call("householder_product", h, tau, complete),)
 
 
 def ormqr(h, tau, c, side: str, transpose: bool):
-    with placed(h):
-        return ((api.ormqr if on_gpu(h) else numpy_api.ormqr)(h, tau, c, side, transpose),)
+    return (_call("ormqr", h, tau, c, side, transpose),)
 
 
 def solve_augmented(r, n: int):
@@ -88,7 +88,7 @@ def solve_augmented(r, n: int):
     lead, cols = r.shape[:-2], r.shape[-1]
     r3 = r.reshape(-1, *r.shape[-2:])
     with placed(r):
-        x = qmatrix.solve_upper(r3[:, :n, :n], r3[:, :n, n:].copy())
+        x = qmatrix.solve_upper(r3[:, :n, :n], r3[:, :n, n:])  # it solves a copy
         res = (r3[:, n:, n:] ** 2).sum(axis=1)
     return x.reshape(*lead, n, cols - n), res.reshape(*lead, cols - n)
 

@@ -15,6 +15,7 @@ import dataclasses
 
 from ..render.environment import environment
 from ..targets import ASYNC_COPY, TF32_MMA
+from ..targets.cuda import GRID_YZ
 from ..version import __version__
 from .layout import aggregates
 from .specs import KernelSpec, Rendered
@@ -35,12 +36,9 @@ MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth
 SIGNATURE = "PILPILPILIIIFFIL"
 
 
-GRID_YZ = 65535  # CUDA's limit on grid.y and grid.z (row tiles and matrices here)
-
-
 def grid(kind: str, rows: int, cols: int, matrices: int) -> tuple[int, int, int] | None:
     """The kernel's grid for a product of rows x cols per matrix (column tiles, row tiles, matrices); None where
-    it exceeds CUDA's grid (a product of millions of rows, a batch past GRID_YZ): cuBLAS takes those."""
+    grid.y or grid.z exceeds CUDA's limit (millions of rows, a batch past GRID_YZ): cuBLAS takes those."""
     cfg = CONFIGS[kind]
     out = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), matrices)
     return None if max(out[1:]) > GRID_YZ else out

@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 
 from ..plan import rowsplit
+from ..targets.cuda import GRID_YZ
 from .buffers import Sizes, buffer_names, gram_parts
 from .launch import PackedArgs
-
-MAX_GRID_Y = 65535  # CUDA's limit on grid.y (and z), where tsqr and fused launches put the matrices
-
 
 class Workspace:
     """Buffers the launch sequence needs beside h and tau, kept between calls."""
@@ -27,7 +25,7 @@ class Workspace:
                 per_pass = max(1, fac.capacity(func, launch.threads, device_id) // launch.blocks)
                 self.chunk = min(self.chunk, per_pass)
         if any(L.levels for L in fac.launches) or fac.schedule.panel_update in ("rowsplit", "fused"):
-            self.chunk = min(self.chunk, MAX_GRID_Y)
+            self.chunk = min(self.chunk, GRID_YZ)  # tsqr and fused launches put the matrices in grid.y
         self.sizes = Sizes.of(fac)
         self.buffers = {name: cupy.empty((self.chunk, self.sizes.floats(name)), dtype=cupy.float32)
                         for name in buffer_names(fac)}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .records import ASYNC_COPY, CLUSTERS, COOPERATIVE, MBARRIER, TF32_MMA, Arch, Backend, Limits
 
+GRID_YZ = 65535  # CUDA's limit on a launch's grid.y and grid.z (grid.x goes to 2^31 - 1)
 _AMPERE = frozenset({ASYNC_COPY, TF32_MMA, COOPERATIVE, MBARRIER})
 _HOPPER = _AMPERE | {CLUSTERS}
 
