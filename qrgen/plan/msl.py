@@ -1,16 +1,18 @@
 """The Metal backend's kernel families beside its panels: the rows panel as templates/metal/qr.metal.j2 renders it
-(one threadgroup per matrix, the loop over columns unrolled by the template), the GEMM of the trailing, merge and
-Q products on simdgroup matrices (templates/metal/gemm.metal.j2: one kernel per transpose and scaling pattern the
-launch sequence uses) and T of an aggregate (templates/metal/tmat.metal.j2). What Metal kernels may do, and how
-their threadgroup memory is passed, is templates/metal/dialect.h's; the planner asks this module (plan/planner.py,
-through the backend record's `families`) which kernels a schedule needs and whether Metal can run it."""
+(one threadgroup per matrix, the loop over columns unrolled by the template), the tsqr panel of plan/tsqr.py as
+templates/metal/tsqr.metal.j2 renders it (a threadgroup per tile, one dispatch per phase), the GEMM of the trailing,
+merge and Q products on simdgroup matrices (templates/metal/gemm.metal.j2: one kernel per transpose and scaling
+pattern the launch sequence uses) and T of an aggregate (templates/metal/tmat.metal.j2). What Metal kernels may do,
+and how their threadgroup memory is passed, is templates/metal/dialect.h's; the planner asks this module
+(plan/planner.py, through the backend record's `families`) which kernels a schedule needs and whether Metal can run
+it."""
 from __future__ import annotations
 
 from ..render.environment import environment
 from ..version import __version__
 from .specs import KernelSpec, Rendered
 
-PANEL_VARIANTS = ("rows", "whole")
+PANEL_VARIANTS = ("rows", "tsqr", "whole")
 TMAT_MAX = 256  # reflectors of the T kernel (rows of T in device memory: no threadgroup memory bound)
 GEMM_THREADS = 128
 GEMM_TILE = 32
@@ -24,12 +26,14 @@ STAGE_KIND = {"project": "project", "update": "update", "gram": "gram", "aggrega
 
 
 def tg_floats(variant: str, threads: int, width: int, m: int, n: int) -> int:
-    """Threadgroup memory of a panel kernel, in floats: a rows panel's (qr.metal.j2's layout), or a whole kernel's,
-    the matrix with rows n | 1 floats apart beside the sums (whole.metal.j2)."""
+    """Threadgroup memory of a panel kernel, in floats: a rows panel's (templates/metal/panel.j2's layout), a tsqr
+    panel's (the rows panel's, four width x (width + 1) blocks, two of 32: tsqr.metal.j2), or a whole kernel's, the
+    matrix with rows n | 1 floats apart beside the sums (whole.metal.j2)."""
     warps = threads // 32
     if variant == "whole":
         return m * (n | 1) + warps * 33 + 33
-    return warps * 33 + 33 + 64 + 2 * width * (width + 1) + 32
+    rows = warps * 33 + 33 + 64 + 2 * width * (width + 1) + 32
+    return rows + 4 * width * (width + 1) + 64 if variant == "tsqr" else rows
 
 
 def panel_tg_floats(spec: KernelSpec, m: int, n: int) -> int:
@@ -59,8 +63,9 @@ Q_KERNELS = (KernelSpec("qr_vt", "msl_vt", 0, VT_THREADS, 1, 0, 1, False, 0, 16,
 
 
 def check(schedule, target) -> None:
-    """ValueError naming what a Metal target cannot run: panels other than one-threadgroup rows panels with the loop
-    unrolled, products other than fp32 through the backend's GEMM, power-of-two scaling, aggregates over TMAT_MAX."""
+    """ValueError naming what a Metal target cannot run: panels other than whole ones and rows and tsqr panels on one
+    threadgroup (tsqr: per tile) with the loop over columns unrolled, products other than fp32 through the backend's
+    GEMM, power-of-two scaling, aggregates over TMAT_MAX."""
     for index, panel in enumerate(schedule.panels):
         need = 4 * tg_floats(panel.variant, panel.threads, panel.width, schedule.m, schedule.n)
         if need > target.limits.shared_bytes:

@@ -10,6 +10,7 @@ import numpy as np
 from ..numerics import qmatrix
 from ..plan import msl
 from ..plan.planner import plan
+from ..plan.tsqr import tsqr_phases
 from ..render.sources import render
 from ..schedule.files import find
 from ..targets import Target
@@ -54,9 +55,15 @@ class MetalEngine:
         spec = self.fac.plan.kernel(L.kernel)
         b = self.buffers
         vt, zt = (b[v[0]], b[z[0]]) if L.trail else (b["h"], b["h"])
+        tg_floats = msl.panel_tg_floats(spec, self.fac.m, self.fac.n)
+        if L.levels:  # a tsqr panel: a dispatch per phase, a threadgroup per tile of each matrix
+            for ph in tsqr_phases(L.levels, L.width):
+                self._run(L.kernel, (ph.tiles, self.nb, 1), spec.threads, (b["h"], b["tau"], vt, zt, b["tsqr_tree"]),
+                          (ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1, L.c0, L.v_ld, L.v_bs, v[1],
+                           z[1], self.sizes.tsqr_tree), tg_floats)
+            return
         self._run(L.kernel, (self.nb, 1, 1), spec.threads, (b["h"], b["tau"], vt, zt),
-                  (L.c0, L.rows, L.v_ld, L.v_bs, v[1], z[1]),
-                  msl.panel_tg_floats(spec, self.fac.m, self.fac.n))
+                  (L.c0, L.rows, L.v_ld, L.v_bs, v[1], z[1]), tg_floats)
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
              precision, via="cublas", side=False):

@@ -74,7 +74,7 @@ def factorizer(m: int, n: int, batch: int, device, target: Target | None = None,
     if fac is None:
         schedule, _ = find(Problem(m, n, batch), target)
         if keep and any(p.variant == "whole" for p in schedule.panels):  # keeps no reflectors for Q
-            schedule = apple.rows_schedule(Problem(m, n, batch), target)
+            schedule = apple.panel_schedule(Problem(m, n, batch), target)
         fac = _FACTORIZERS[key] = metal_engine.MetalFactorizer(schedule, device, target, keep)
     return fac
 

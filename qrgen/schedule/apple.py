@@ -1,6 +1,8 @@
 """The default schedule on Apple GPUs (the Metal backend): a matrix that fits a threadgroup's memory in one kernel
 (a "whole" panel); else rows panels on one threadgroup, the widest panel of at most 32 columns whose rows fit the
-registers of a threadgroup, and aggregates of 4 panels for wide matrices. No
+registers of a threadgroup; where not even TSQR_WIDTH columns fit, tsqr panels of TSQR_WIDTH columns (tiles of
+TSQR_TILE rows, a threadgroup each) for as long as they do not, then rows panels of that width; aggregates of 4
+panels for wide matrices. No
 schedule has been tuned on an Apple GPU: this is a heuristic from the limits in qrgen/targets/metal.py alone, and
 the place tuned files would take over (schedules/<family>/, as for CUDA) once an Apple GPU can run the tuner
 (docs/decisions.md#apple-defaults)."""
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 from ..plan import rows
 from ..plan.family import THREADS, register_cap
+from .panels import tsqr_panel
 from .model import Panel, Schedule
 
 WHOLE_SLICE = 8  # a whole Panel's slice, which Metal's whole kernel does not use (it factors column by column)
@@ -17,6 +20,11 @@ WIDTHS = (32, 16, 8, 4, 2, 1)
 SLOTS_PREFERRED = 4  # rows per thread: the fewest threads that hold the panel in this many rows each, where they fit
 AGGREGATE_PANELS = 4
 AGGREGATE_MIN_K = 128  # narrower matrices update everything from each panel
+# tsqr panels: the widest whose tile of a row a thread fits the register budget (plan/tsqr.registers) on the most
+# threads whose register cap allows that
+TSQR_WIDTH = 16
+TSQR_THREADS = 256
+TSQR_TILE = 256
 
 
 def _fit(width: int, m: int, limits) -> int | None:
@@ -43,22 +51,27 @@ def whole_schedule(problem, target) -> Schedule | None:
 
 
 def default_schedule(problem, target) -> Schedule:
-    return whole_schedule(problem, target) or rows_schedule(problem, target)
+    return whole_schedule(problem, target) or panel_schedule(problem, target)
 
 
-def rows_schedule(problem, target) -> Schedule:
-    """Rows panels (and aggregates): the schedule of matrices too large for one threadgroup's memory, and of qr's Q
-    for any (a whole kernel keeps no reflectors)."""
+def panel_schedule(problem, target) -> Schedule:
+    """Rows and tsqr panels (and aggregates): the schedule of matrices too large for one threadgroup's memory, and of
+    qr's Q for any (a whole kernel keeps no reflectors)."""
     m, k = problem.m, problem.k
     limits = target.limits
-    for width in WIDTHS:
-        width = min(width, k)
-        threads = _fit(width, m, limits)
-        if threads is not None:
-            break
+    if _fit(min(TSQR_WIDTH, k), m, limits) is None:  # tall: tsqr panels for as long as rows panels do not fit
+        width = min(TSQR_WIDTH, k)
     else:
-        raise ValueError(f"{m} rows do not fit one threadgroup's registers on {target.arch}, even in panels of one "
-                         f"column; Metal has no TSQR panels yet")
+        width = next(min(w, k) for w in WIDTHS if _fit(min(w, k), m, limits) is not None)
     aggregate = AGGREGATE_PANELS * width if k >= AGGREGATE_MIN_K and k > AGGREGATE_PANELS * width else 0
-    panels = [Panel(min(width, k - c), "rows", threads) for c in range(0, k, width)]
+    panels = []
+    threads = _fit(width, m, limits)  # the rows panels' (None while tsqr panels take the rows)
+    for c in range(0, k, width):
+        w, rows_left = min(width, k - c), m - c
+        threads = threads or _fit(w, rows_left, limits)
+        panel = Panel(w, "rows", threads) if threads else tsqr_panel(rows_left, w, w, TSQR_THREADS, TSQR_TILE)
+        if panel is None:
+            raise ValueError(f"{rows_left} rows fit neither one threadgroup's registers on {target.arch} in a rows "
+                             f"panel of {w} columns nor two tsqr tiles of {TSQR_TILE} rows")
+        panels.append(panel)
     return Schedule(problem.m, problem.n, tuple(panels), aggregate=aggregate)

@@ -41,3 +41,17 @@ inline void block_sums(thread float* v, threadgroup float* red, threadgroup floa
   }
   block_barrier();
 }
+
+// out = (accumulate ? out : 0) + sign op(a) b, for NB x NB blocks in threadgroup memory with rows PITCH floats
+// apart, op(a) = a^T where TRANS: the entries spread over the THREADS threads, each entry of out read and written by
+// one thread. Callers put a barrier between it and the next reader of out.
+template <int NB, int PITCH, int THREADS, bool TRANS>
+inline void block_product(threadgroup float* out, const threadgroup float* a, const threadgroup float* b,
+                          float sign, bool accumulate, uint t) {
+  for (int e = (int)t; e < NB * NB; e += THREADS) {
+    const int i = e / NB, j = e - i * NB;
+    float acc = 0.0f;
+    for (int k = 0; k < NB; ++k) acc = fma(TRANS ? a[k * PITCH + i] : a[i * PITCH + k], b[k * PITCH + j], acc);
+    out[i * PITCH + j] = accumulate ? fma(sign, acc, out[i * PITCH + j]) : sign * acc;
+  }
+}

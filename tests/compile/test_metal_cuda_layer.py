@@ -20,7 +20,7 @@ def test_the_cuda_translation_of_metal_kernels_compiles(batch, m, n):
 
     apple = Target.parse("apple9")
     schedule, _ = find(Problem(m, n, batch), apple)
-    rows = apple_schedule.rows_schedule(Problem(m, n, batch), apple)  # qr's keep plan (run/metal_runtime.py)
+    rows = apple_schedule.panel_schedule(Problem(m, n, batch), apple)  # qr's keep plan (run/metal_runtime.py)
     kernels = ([(k, schedule) for k in plan(schedule, apple).kernels]
                + [(k, rows) for k in plan(rows, apple, True).kernels] + [(k, None) for k in msl_families.Q_KERNELS])
     for kernel, s in kernels:

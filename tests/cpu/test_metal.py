@@ -1,10 +1,12 @@
 """CPU layer, Metal: Apple targets and their default schedules; every Metal kernel of the default schedules of the
 reference and tall shapes passes the check (launch contract, lint, clang as MSL); the check refuses what the Metal
-compiler would; the rendered sources run on the CPU translation layer (threads as fibers) and pass the gates."""
+compiler would; the rendered sources run on the CPU translation layer (threads as fibers) and pass the gates, tsqr
+panels on every stress family."""
 import numpy as np
 import pytest
 
 from qrgen.compile import msl
+from qrgen.plan import msl as families
 from qrgen.numerics.check import check
 from qrgen.numerics.stress import FAMILIES, mixed, stress
 from qrgen.plan.planner import plan
@@ -17,7 +19,8 @@ from qrgen.targets import Target
 APPLE = Target.parse("apple9")
 REFERENCE = [(20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (60, 1024, 1024), (8, 2048, 2048),
              (2, 4096, 4096)]
-TALL = [(1, 4096, 32), (1, 4096, 1024), (1, 8192, 512), (3, 100, 300)]
+TALL = [(1, 4096, 32), (1, 4096, 1024), (1, 8192, 512), (3, 100, 300), (1, 100000, 32), (1, 20000, 100),
+        (1, 40000, 256)]
 
 
 def test_apple_families_parse_and_carry_apples_limits():
@@ -37,8 +40,18 @@ def test_metal_plans_refuse_what_metal_lacks():
     with pytest.raises(ValueError, match="fp32"):
         from qrgen.schedule.model import Precision
         plan(Schedule(64, 64, (Panel(32, "rows", 64),) * 2, precision=Precision(update="tf32")), APPLE)
-    with pytest.raises(ValueError, match="TSQR"):
-        find(Problem(100000, 32, 1), APPLE)
+    with pytest.raises(ValueError, match="unrolled"):
+        plan(Schedule(4096, 32, (Panel(16, "tsqr", 256, tile=256, loop=True),) * 2), APPLE)
+
+
+@pytest.mark.parametrize("batch,m,n", [(1, 100000, 32), (1, 20000, 100), (1, 40000, 256), (2, 4096, 4096)])
+def test_tall_matrices_take_tsqr_panels_within_apples_limits(batch, m, n):
+    schedule, _ = find(Problem(m, n, batch), APPLE)
+    assert schedule.panels[0].variant == "tsqr"
+    for keep in (False, True):
+        for kernel in plan(schedule, APPLE, keep).kernels:
+            if kernel.variant == "tsqr":
+                assert 4 * families.panel_tg_floats(kernel, m, n) <= 32768 and kernel.threads <= 1024
 
 
 @pytest.mark.parametrize("batch,m,n", REFERENCE + TALL)
@@ -47,7 +60,7 @@ def test_every_default_metal_kernel_passes_the_check(batch, m, n):
     schedule, _ = find(Problem(m, n, batch), APPLE)
     names = set()
     # qr's keep plan: a whole schedule keeps no reflectors, so qr takes the rows schedule (run/metal_runtime.py)
-    for s, keep in ((schedule, False), (apple.rows_schedule(Problem(m, n, batch), APPLE), True)):
+    for s, keep in ((schedule, False), (apple.panel_schedule(Problem(m, n, batch), APPLE), True)):
         for kernel in plan(s, APPLE, keep).kernels:
             if kernel.name not in names:
                 names.add(kernel.name)
@@ -62,8 +75,6 @@ def _panel_source():
 
 def test_the_check_refuses_what_the_metal_compiler_would():
     pytest.importorskip("clang.cindex")
-    from qrgen.plan import msl as families
-
     for kernel in families.Q_KERNELS:  # Q, Q^T C and least squares from (h, tau)
         msl.check(render(kernel, None, APPLE).source, kernel.name)
     r = _panel_source()
@@ -107,6 +118,44 @@ def test_metal_kernels_on_the_cpu_layer_pass_the_gates(cpu_device, batch, m, n):
     h, tau = metal_engine.geqrf(a, cpu_device)
     result = check(a, h, tau)
     assert result.ok, f"{batch}x{m}x{n}: {result}"
+
+
+def _tsqr_schedule(m, n, width, threads, tile, aggregate=0):
+    from qrgen.schedule.model import Panel, Schedule
+
+    k = min(m, n)
+    return Schedule(m, n, tuple(Panel(min(width, k - c), "tsqr", threads, tile=tile) for c in range(0, k, width)),
+                    aggregate=aggregate)
+
+
+# tsqr panels: the defaults of tall shapes, and forced ones with small tiles (trees of several levels, a ragged last
+# tile, widths that are no multiple of 4, aggregates)
+TSQR_CASES = {"4096x32": (4096, 32, None), "8192x64": (8192, 64, None), "20000x32": (20000, 32, None),
+              "2048x16_tiles32": (2048, 16, _tsqr_schedule(2048, 16, 16, 32, 32)),
+              "1100x40_w8_aggregates": (1100, 40, _tsqr_schedule(1100, 40, 8, 32, 64, aggregate=16)),
+              "1003x21_w5": (1003, 21, _tsqr_schedule(1003, 21, 5, 32, 128))}
+
+
+@pytest.mark.parametrize("case", TSQR_CASES)
+def test_tsqr_panels_on_the_cpu_layer_pass_every_family(cpu_device, case):
+    from qrgen.run import metal_engine
+
+    m, n, schedule = TSQR_CASES[case]
+    schedule = schedule or find(Problem(m, n, 1), APPLE)[0]
+    assert schedule.panels[0].variant == "tsqr"
+    a, labels = mixed(m, n, len(FAMILIES), seed=m + n)
+    h, tau = metal_engine.geqrf(a, cpu_device, schedule)
+    result = check(a, h, tau)
+    assert result.ok, f"{case} {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+
+
+def test_q_of_tsqr_panels_on_the_cpu_layer(cpu_device):
+    from qrgen.run import metal_engine
+
+    a = stress("nearrankdef", 1100, 40, 2, seed=3)
+    q, r = metal_engine.qr(a, cpu_device, _tsqr_schedule(1100, 40, 8, 32, 64, aggregate=16))
+    assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
+    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(40)).max() <= 1e-4
 
 
 def test_a_mixed_hostile_batch_on_the_cpu_layer_passes_every_family(cpu_device):

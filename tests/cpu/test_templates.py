@@ -10,7 +10,7 @@ from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.environment import environment
 from qrgen.render.sources import render, render_all
-from qrgen.schedule.apple import rows_schedule
+from qrgen.schedule.apple import panel_schedule
 from qrgen.schedule.files import find
 from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.targets import Target
@@ -74,9 +74,9 @@ def test_every_template_renders_strictly():
         sources += [render(tf32x3.kernel(kind), None, TARGET) for kind in tf32x3.CONFIGS]
         render_module(Problem(64, 64, 8), Target())
         apple = Target.parse("apple9")
-        for shape in ((64, 64, 8), (300, 300, 2)):  # Metal: panels, GEMMs, T (plain and keep plans)
+        for shape in ((64, 64, 8), (300, 300, 2), (2048, 32, 1)):  # Metal: rows, tsqr, GEMMs, T (plain, keep)
             metal = find(Problem(*shape[:2], shape[2]), apple)[0]
-            sources += render_all(metal, apple) + render_all(rows_schedule(Problem(*shape[:2], shape[2]), apple),
+            sources += render_all(metal, apple) + render_all(panel_schedule(Problem(*shape[:2], shape[2]), apple),
                                                              apple, keep=True)
         sources += [render(k, None, apple) for k in msl.Q_KERNELS]
         markdown_document([("title", "| table |")], "qrgen bench --markdown BENCHMARKS.md",

@@ -1,35 +1,93 @@
-// MSL on the CPU (qrgen/compile/msl.py's CPU layer): a threadgroup's threads run as fibers (ucontext) on one host
-// thread, switching at every barrier and SIMD-group exchange, so every interleaving the kernel allows is one of
-// Metal's. A barrier that not every thread reaches (some returned, or wait at another barrier) is a deadlock,
-// reported as an error (Metal's behaviour there is undefined). Built with the host's C++ compiler.
+// MSL on the CPU (qrgen/compile/msl.py's CPU layer): a threadgroup's threads run as fibers on one host thread,
+// switching at every barrier and SIMD-group exchange, so every interleaving the kernel allows is one of Metal's. A
+// barrier that not every thread reaches (some returned, or wait at another barrier) is a deadlock, reported as an
+// error (Metal's behaviour there is undefined). Built with the host's C++ compiler. Fibers switch by saving the
+// callee-saved registers and the stack pointer (x86-64 Linux; a switch costs nanoseconds where swapcontext's signal
+// mask costs two system calls), elsewhere by ucontext's swapcontext.
 #include <ucontext.h>
 #include <cstdlib>
 #include <cstring>
+
+#if defined(__x86_64__) && defined(__linux__)
+#define QRL_FAST_SWITCH 1
+// qrl_switch(save, load): the callee-saved registers pushed, the stack pointer into *save; then the stack pointer
+// from load, its registers popped, and return to where that fiber switched away (or to its entry).
+extern "C" void qrl_switch(void** save, void* load);
+asm(R"(
+  .text
+  .hidden qrl_switch
+  .globl qrl_switch
+  .type qrl_switch, @function
+qrl_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size qrl_switch, .-qrl_switch
+)");
+#else
+#define QRL_FAST_SWITCH 0
+#endif
 
 namespace qrl {
 struct Group {
   int threads = 0, current = 0, finished = 0;
   long stall = 0;
   bool deadlock = false;
+#if QRL_FAST_SWITCH
+  void* main_sp = nullptr;
+  void** sp = nullptr;  // each fiber's saved stack pointer
+#else
   ucontext_t main;
   ucontext_t* ctx = nullptr;
+#endif
   char* stacks = nullptr;
   int* done = nullptr;
   int tg_arrived = 0;
   unsigned tg_gen = 0;
   int sg_arrived[32];
   unsigned sg_gen[32];
-  float sg_slot[1024];
+  // a SIMD-group exchange's values, by turn: a lane's next exchange writes the other slot, so one barrier between
+  // the writes and the reads suffices (a lane is two exchanges ahead only once every lane has read)
+  float sg_slot[2][1024];
+  unsigned char sg_turn[1024];
   void (*body)(void*, int) = nullptr;
   void* closure = nullptr;
 };
 static const size_t STACK = 256 * 1024;
 static thread_local Group* G = nullptr;
 
+inline void to_main() {
+#if QRL_FAST_SWITCH
+  qrl_switch(&G->sp[G->current], G->main_sp);
+#else
+  swapcontext(&G->ctx[G->current], &G->main);
+#endif
+}
+
+inline void to_fiber(int i) {
+#if QRL_FAST_SWITCH
+  qrl_switch(&G->main_sp, G->sp[i]);
+#else
+  swapcontext(&G->main, &G->ctx[i]);
+#endif
+}
+
 inline void wait_for(const unsigned* gen, unsigned mine) {
   while (*gen == mine) {
     if (++G->stall > 4L * G->threads + 64) G->deadlock = true;
-    swapcontext(&G->ctx[G->current], &G->main);
+    to_main();
   }
 }
 
@@ -56,21 +114,44 @@ inline void sg_barrier() {
   }
 }
 
-inline float exchange(float v, int src) {
-  const int base = G->current & ~31;
-  G->sg_slot[G->current] = v;
+// This lane's value written for an exchange; the SIMD group's 32 values once every lane has written.
+inline const float* exchange_all(float v) {
+  const int turn = G->sg_turn[G->current];
+  G->sg_turn[G->current] ^= 1;
+  G->sg_slot[turn][G->current] = v;
   sg_barrier();
-  const float r = G->sg_slot[base + (src & 31)];
-  sg_barrier();
-  return r;
+  return &G->sg_slot[turn][G->current & ~31];
 }
 
-static void entry() {
+inline float exchange(float v, int src) { return exchange_all(v)[src & 31]; }
+
+static void entry() {  // a fiber's first frame: never returns, never resumed once done
   const int i = G->current;
   G->body(G->closure, i);
   G->done[i] = 1;
   ++G->finished;
   G->stall = 0;
+  to_main();
+}
+
+// Fiber i, set to start at entry() on its stack.
+inline void start(Group& g, int i) {
+#if QRL_FAST_SWITCH
+  // qrl_switch's frame: six registers and the return address (entry), above it a null return address for entry,
+  // whose frame then begins 16-byte aligned as a call's would
+  void** top = (void**)(((unsigned long)(g.stacks + STACK * (i + 1))) & ~15ul);
+  void** sp = top - 8;
+  for (int r = 0; r < 6; ++r) sp[r] = nullptr;
+  sp[6] = (void*)&entry;
+  sp[7] = nullptr;
+  g.sp[i] = (void*)sp;
+#else
+  getcontext(&g.ctx[i]);
+  g.ctx[i].uc_stack.ss_sp = g.stacks + STACK * i;
+  g.ctx[i].uc_stack.ss_size = STACK;
+  g.ctx[i].uc_link = &g.main;
+  makecontext(&g.ctx[i], entry, 0);
+#endif
 }
 
 // Runs body(closure, t) for t in [0, threads) as one threadgroup; 0, or 1 on a deadlock.
@@ -78,10 +159,15 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
   static thread_local Group group;
   Group& g = group;
   if (g.threads < threads) {
+#if QRL_FAST_SWITCH
+    std::free(g.sp);
+    g.sp = (void**)std::malloc(sizeof(void*) * threads);
+#else
     std::free(g.ctx);
+    g.ctx = (ucontext_t*)std::malloc(sizeof(ucontext_t) * threads);
+#endif
     std::free(g.stacks);
     std::free(g.done);
-    g.ctx = (ucontext_t*)std::malloc(sizeof(ucontext_t) * threads);
     g.stacks = (char*)std::malloc(STACK * threads);
     g.done = (int*)std::malloc(sizeof(int) * threads);
   }
@@ -91,22 +177,19 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
   g.deadlock = false;
   g.tg_arrived = 0;
   std::memset(g.sg_arrived, 0, sizeof g.sg_arrived);
+  std::memset(g.sg_turn, 0, sizeof g.sg_turn);
   g.body = body;
   g.closure = closure;
   G = &g;
   for (int i = 0; i < threads; ++i) {
     g.done[i] = 0;
-    getcontext(&g.ctx[i]);
-    g.ctx[i].uc_stack.ss_sp = g.stacks + STACK * i;
-    g.ctx[i].uc_stack.ss_size = STACK;
-    g.ctx[i].uc_link = &g.main;
-    makecontext(&g.ctx[i], entry, 0);
+    start(g, i);
   }
   while (g.finished < threads && !g.deadlock) {
     for (int i = 0; i < threads && !g.deadlock; ++i) {
       if (g.done[i]) continue;
       g.current = i;
-      swapcontext(&g.main, &g.ctx[i]);
+      to_fiber(i);
     }
   }
   return g.deadlock ? 1 : 0;
@@ -130,12 +213,9 @@ inline float abs(float x) { return __builtin_fabsf(x); }
 inline float simd_shuffle(float v, unsigned short lane) { return qrl::exchange(v, lane); }
 inline float simd_shuffle_xor(float v, unsigned short mask) { return qrl::exchange(v, (qrl::G->current & 31) ^ mask); }
 inline float simd_sum(float v) {  // every lane adds the 32 values in lane order
-  const int base = qrl::G->current & ~31;
-  qrl::G->sg_slot[qrl::G->current] = v;
-  qrl::sg_barrier();
+  const float* all = qrl::exchange_all(v);
   float s = 0.0f;
-  for (int i = 0; i < 32; ++i) s += qrl::G->sg_slot[base + i];
-  qrl::sg_barrier();
+  for (int i = 0; i < 32; ++i) s += all[i];
   return s;
 }
 struct uint3 {
