@@ -1,6 +1,7 @@
 """GPU layer, Metal: the rendered Metal kernels of the default Apple schedules run on this GPU through the CUDA
 translation layer (qrgen/compile/msl.to_cuda: a threadgroup a block, a SIMD group a warp, Apple's limits on every
-dispatch) and pass the gates on every stress family, at the reference batches and tall shapes. No Apple GPU has run
+dispatch) and pass the gates on every stress family, at the reference batches and tall shapes (tsqr panels for the
+tallest). No Apple GPU has run
 them: this and the CPU layer (tests/cpu/test_metal.py) are what verifies them."""
 import pytest
 
@@ -11,6 +12,7 @@ pytestmark = pytest.mark.gpu
 
 CASES = [(20, 32, 32), (40, 176, 176), (40, 352, 352), (640, 512, 512), (1, 4096, 32), (3, 100, 300)]
 SLOW_CASES = [(60, 1024, 1024), (8, 2048, 2048), (2, 4096, 4096), (1, 4096, 1024), (1, 8192, 512)]
+TSQR_CASES = [(1, 100000, 32), (1, 40000, 256), (1, 20000, 100)]  # tsqr panels (schedule/apple.panel_schedule)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,32 @@ def test_metal_kernels_on_cuda_pass_every_family(device, batch, m, n):
 @pytest.mark.parametrize("batch,m,n", SLOW_CASES)
 def test_metal_kernels_on_cuda_pass_every_family_large(device, batch, m, n):
     _every_family(device, batch, m, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,m,n", TSQR_CASES)
+def test_metal_tsqr_panels_on_cuda_pass_every_family(device, batch, m, n):
+    from qrgen.problem import Problem
+    from qrgen.schedule.files import find
+    from qrgen.targets import Target
+
+    assert find(Problem(m, n, batch), Target.parse("apple9"))[0].panels[0].variant == "tsqr"
+    _every_family(device, batch, m, n)
+
+
+@pytest.mark.slow
+def test_metal_q_of_tsqr_panels_on_cuda(device):
+    import numpy as np
+
+    from qrgen.numerics.stress import stress
+    from qrgen.run import metal_engine
+
+    a = stress("nearrankdef", 20000, 100, 2, seed=7)
+    q, r = metal_engine.qr(a, device)
+    q, r, a = (x.astype(np.float64) for x in (q, r, a))
+    eps, norm = np.finfo(np.float32).eps, lambda x: np.abs(x).sum(-2).max(-1)  # the 1-norm, as the gates take it
+    assert (norm(q @ r - a) <= 20 * 100 * eps * norm(a)).all()
+    assert (norm(np.swapaxes(q, 1, 2) @ q - np.eye(100)) <= 100 * 100 * eps).all()
 
 
 def test_metal_q_on_cuda(device):
