@@ -149,15 +149,6 @@ def test_tsqr_panels_on_the_cpu_layer_pass_every_family(cpu_device, case):
     assert result.ok, f"{case} {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
 
 
-def test_q_of_tsqr_panels_on_the_cpu_layer(cpu_device):
-    from qrgen.run import metal_engine
-
-    a = stress("nearrankdef", 1100, 40, 2, seed=3)
-    q, r = metal_engine.qr(a, cpu_device, _tsqr_schedule(1100, 40, 8, 32, 64, aggregate=16))
-    assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
-    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(40)).max() <= 1e-4
-
-
 def test_a_mixed_hostile_batch_on_the_cpu_layer_passes_every_family(cpu_device):
     from qrgen.run import metal_engine
 
@@ -167,14 +158,16 @@ def test_a_mixed_hostile_batch_on_the_cpu_layer_passes_every_family(cpu_device):
     assert result.ok, f"{[l for l, p in zip(labels, result.passed) if not p]}: {result}"
 
 
-def test_q_and_r_on_the_cpu_layer(cpu_device):
+@pytest.mark.parametrize("m,n,schedule", [(150, 140, None), (1100, 40, _tsqr_schedule(1100, 40, 8, 32, 64, 16))],
+                         ids=["default", "tsqr"])
+def test_q_and_r_on_the_cpu_layer(cpu_device, m, n, schedule):
     from qrgen.run import metal_engine
 
-    a = stress("nearrankdef", 150, 140, 2, seed=2)
-    q, r = metal_engine.qr(a, cpu_device)
-    assert q.shape == (2, 150, 140) and r.shape == (2, 140, 140)
+    a = stress("nearrankdef", m, n, 2, seed=2)
+    q, r = metal_engine.qr(a, cpu_device, schedule)
+    assert q.shape == (2, m, n) and r.shape == (2, n, n)
     assert np.abs(q @ r - a).max() <= 1e-4 * np.abs(a).max()
-    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(140)).max() <= 1e-4
+    assert np.abs(np.swapaxes(q, 1, 2) @ q - np.eye(n)).max() <= 1e-4
 
 
 def test_a_barrier_not_every_thread_reaches_is_an_error_on_the_cpu_layer(cpu_device):
