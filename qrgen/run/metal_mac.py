@@ -126,7 +126,7 @@ class MacDevice:
             enc.setBuffer_offset_atIndex_(buf, 0, i)
         packed = np.asarray(args, dtype=np.int32).tobytes()
         enc.setBytes_length_atIndex_(packed, len(packed), len(buffers))
-        enc.setThreadgroupMemoryLength_atIndex_(4 * tg_floats, 0)
+        enc.setThreadgroupMemoryLength_atIndex_(-(-4 * tg_floats // 16) * 16, 0)  # Metal takes multiples of 16 bytes
         enc.dispatchThreadgroups_threadsPerThreadgroup_(self.mtl.MTLSizeMake(*grid),
                                                         self.mtl.MTLSizeMake(threads, 1, 1))
         enc.endEncoding()
