@@ -8,7 +8,6 @@ import time
 from .api import keeps_q
 from .compile.nvrtc import compile_many
 from .problem import Problem
-from .render.sources import render_all
 from .run.registry import factorizer_for
 from .targets import Target
 
@@ -38,8 +37,8 @@ def warmup(cases, *, target: Target | None = None, qr: bool = True, jobs: int | 
                 factorizers.append(keep)
     items = {}
     for fac in factorizers:
-        for r in render_all(fac.schedule, fac.target, keep=fac.keep):
-            items.setdefault((r.name, r.source), None)
+        for item in fac.rendered():  # and the render index's entries, so that later processes render nothing
+            items.setdefault(item, None)
     binaries = compile_many(list(items), target, jobs=jobs, progress=log)
     if on_gpu:
         for fac in factorizers:  # from the cache just filled: loading only

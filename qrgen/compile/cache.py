@@ -47,9 +47,9 @@ def _verified(data: bytes) -> tuple[bytes, str]:
     return binary, header["log"]
 
 
-def read_entry(path: Path) -> tuple[bytes, str] | None:
-    """(binary, compile log) of an entry that verifies; None where it is missing, or (with a CacheWarning) where it
-    does not verify."""
+def read_entry(path: Path, warn: bool = True) -> tuple[bytes, str] | None:
+    """(binary, compile log) of an entry that verifies; None where it is missing, or (with a CacheWarning unless
+    warn=False) where it does not verify."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -57,6 +57,8 @@ def read_entry(path: Path) -> tuple[bytes, str] | None:
     try:
         return _verified(data)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        if not warn:
+            return None
         warnings.warn(f"kernel cache entry {path} is damaged ({exc}): compiling it again", CacheWarning, stacklevel=3)
         return None
 

@@ -6,38 +6,50 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import jinja2
-
 from ..paths import cache_dir, template_dir
 
-
-class _BytecodeCache(jinja2.FileSystemBytecodeCache):
-    """Jinja's file bytecode cache, where a folder that cannot be read or written costs a compile, never an error."""
-
-    def load_bytecode(self, bucket) -> None:
-        try:
-            super().load_bytecode(bucket)
-        except (OSError, EOFError, ValueError):
-            bucket.reset()
-
-    def dump_bytecode(self, bucket) -> None:
-        try:
-            super().dump_bytecode(bucket)
-        except OSError:
-            pass
+# jinja2 is imported on first use, not with qrgen: a process whose kernels the render index finds
+# (compile/index.py) never needs it.
 
 
-def bytecode_cache() -> jinja2.BytecodeCache | None:
+@lru_cache(maxsize=None)
+def _bytecode_cache_class():
+    import jinja2
+
+    class BytecodeCache(jinja2.FileSystemBytecodeCache):
+        """Jinja's file bytecode cache, where a folder that cannot be read or written costs a compile, never an
+        error."""
+
+        def load_bytecode(self, bucket) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except (OSError, EOFError, ValueError):
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            try:
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass
+
+    return BytecodeCache
+
+
+def bytecode_cache():
+    """A jinja2.BytecodeCache in the kernel cache's folder, or None where that cannot be made."""
     folder = cache_dir() / "templates"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return _BytecodeCache(str(folder))
+    return _bytecode_cache_class()(str(folder))
 
 
 @lru_cache(maxsize=None)
-def environment() -> jinja2.Environment:
+def environment():
+    """The jinja2.Environment."""
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
         bytecode_cache=bytecode_cache(),

@@ -6,7 +6,7 @@ import logging
 import math
 import threading
 
-from ..compile import background
+from ..compile import background, index
 from ..compile.nvrtc import Binary, cached, compile_many, compile_source
 from ..plan import fused
 from ..plan.family import PANEL_SIGNATURE, quick_level
@@ -17,7 +17,7 @@ from ..targets import Target
 from . import replay
 from .arrays import as_device_array, on_caller_stream
 from .cuda_engine import factor
-from .launch import PackedArgs, launch_panel, load_function
+from .launch import PackedArgs, launch_panel, load_function, sm_count
 from .workspace import Workspace
 
 log = logging.getLogger("qrgen")  # what a first call compiles, at INFO (silent unless the caller configures logging)
@@ -76,17 +76,41 @@ class Factorizer:
                 self._keep_variant = None
         return self._keep_variant
 
-    def _items(self) -> list[tuple[str, str]]:
+    def rendered(self) -> list[tuple[str, str]]:
+        """(name, source) of every kernel: a generated module's, else rendered here (and the render index's entries
+        written: compile/index.py)."""
         if self.sources is not None:
             items = [(k.name, self.sources[k.name]) for k in self.kernels]
         else:
             items = [(r.name, r.source) for r in render_all(self.schedule, self.target, keep=self.keep)]
+            index.record([(spec, source) for spec, (_, source) in zip(self.kernels, items)], self.schedule,
+                         self.target)
         self._source_of = dict(items)
         return items
 
+    def _source(self, name: str) -> str:
+        if name not in self._source_of:
+            self.rendered()
+        return self._source_of[name]
+
+    def _indexed(self) -> list[Binary] | None:
+        """Every optimized binary from the cache through the render index (no rendering), or None where one misses."""
+        if self.sources is not None:
+            return None
+        found = index.lookup(self.kernels, self.schedule, self.target)
+        return None if None in found else found
+
     def build(self, use_cache: bool = True, progress=None) -> list[Binary]:
-        """Render and compile every kernel, optimized (from the disk cache where it can)."""
-        self.binaries = compile_many(self._items(), self.target, use_cache=use_cache, progress=progress)
+        """Render and compile every kernel, optimized (from the disk cache where it can, without rendering where the
+        render index has them all)."""
+        found = self._indexed() if use_cache else None
+        if found is not None:
+            self.binaries = found
+            if progress is not None:
+                for b in found:
+                    progress(b)
+            return found
+        self.binaries = compile_many(self.rendered(), self.target, use_cache=use_cache, progress=progress)
         return self.binaries
 
     def prepare(self, batch: int | None = None) -> None:
@@ -99,7 +123,11 @@ class Factorizer:
             if any(not b.cached for b in self.binaries):
                 log.info("qrgen: compiled %d kernels of %s", sum(not b.cached for b in self.binaries), what)
             return
-        items = self._items()
+        indexed = self._indexed()
+        if indexed is not None:
+            self.binaries = indexed
+            return
+        items = self.rendered()
         found = [cached(name, src, self.target.arch, self.target.ptx) for name, src in items]
         missing = [item for item, b in zip(items, found) if b is None]
         if not missing:
@@ -138,7 +166,7 @@ class Factorizer:
             if self._job is None:
                 return
             quick = [b.name for b in self.binaries if b.quick]
-            optimized = dict(zip(quick, compile_many([(name, self._source_of[name]) for name in quick],
+            optimized = dict(zip(quick, compile_many([(name, self._source(name)) for name in quick],
                                                      self.target)))
             self.binaries = [optimized.get(b.name, b) for b in self.binaries]
             self._retired.extend(self._functions.values())
@@ -149,7 +177,7 @@ class Factorizer:
 
     def _rebuild(self, name: str) -> Binary:
         """One kernel compiled again, its cache entry replaced (the driver refused the cached binary)."""
-        return compile_source(name, self._source_of[name], self.target.arch, ptx=self.target.ptx, refresh=True)
+        return compile_source(name, self._source(name), self.target.arch, ptx=self.target.ptx, refresh=True)
 
     def functions(self, device_id: int, batch: int | None = None) -> dict:
         """Kernel name -> (module, function) on a device, built and loaded on first use, a call on `batch` matrices
@@ -182,8 +210,7 @@ class Factorizer:
         import cupy
 
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, 0)
-        sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
-        return max(1, per_sm * sms)
+        return max(1, per_sm * sm_count(device_id))
 
     def __call__(self, a):
         """geqrf of a (..., m, n) float32 device array: returns (h, tau) of the same kind, on the same device."""

@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 
+from ..compile import index
 from ..compile.cache import CacheWarning
 from ..compile.nvrtc import compile_many, compile_source, install_hint, supported_archs
 from ..plan import tf32x3, tmat
@@ -156,6 +157,20 @@ def device_target(device_id: int) -> Target:
     return target
 
 
+_SM_COUNTS: dict[int, int] = {}
+
+
+def sm_count(device_id: int) -> int:
+    """The device's number of SMs, asked once per device (one attribute: getDeviceProperties asks for all)."""
+    count = _SM_COUNTS.get(device_id)
+    if count is None:
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        count = _SM_COUNTS[device_id] = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device_id)
+    return count
+
+
 _COMMON_FUNCTIONS: dict[tuple, tuple] = {}  # (device, kernel name) -> (module, function)
 
 
@@ -165,11 +180,18 @@ def common_kernel(spec, device: int):
     key = (device, spec.name)
     if key not in _COMMON_FUNCTIONS:
         target = device_target(device)
-        rendered = family(spec).render(spec, None, target)
-        (binary,) = compile_many([(rendered.name, rendered.source)], target)
+
+        def source() -> str:
+            rendered = family(spec).render(spec, None, target)
+            index.record([(spec, rendered.source)], None, target)
+            return rendered.source
+
+        (binary,) = index.lookup([spec], None, target)  # without rendering where the render index has it
+        if binary is None:
+            (binary,) = compile_many([(spec.name, source())], target)
         _COMMON_FUNCTIONS[key] = load_function(
             binary, spec.shared_bytes,
-            rebuild=lambda: compile_source(rendered.name, rendered.source, target.arch, ptx=target.ptx, refresh=True))
+            rebuild=lambda: compile_source(spec.name, source(), target.arch, ptx=target.ptx, refresh=True))
     return _COMMON_FUNCTIONS[key][1]
 
 

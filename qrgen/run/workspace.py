@@ -7,7 +7,7 @@ import contextlib
 from ..plan import rowsplit
 from ..targets.cuda import GRID_YZ
 from .buffers import Sizes, buffer_names, gram_parts
-from .launch import PackedArgs
+from .launch import PackedArgs, sm_count
 
 class Workspace:
     """Buffers the launch sequence needs beside h and tau, kept between calls."""
@@ -30,7 +30,7 @@ class Workspace:
         self.buffers = {name: cupy.empty((self.chunk, self.sizes.floats(name)), dtype=cupy.float32)
                         for name in buffer_names(fac)}
         self.buffers["tmat"] = cupy.empty((self.chunk, self.sizes.gram), dtype=cupy.float32)
-        self.sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
+        self.sms = sm_count(device_id)
         # G in parts (gram_parts): part q of the chunk's matrices q * chunk * sizes.gram floats into "gram"
         self.gram_parts = gram_parts(fac, self.chunk, self.sms) if "gram" in self.buffers else 1
         if self.gram_parts > 1:
