@@ -16,7 +16,8 @@ PANEL_VARIANTS = ("rows", "tsqr", "whole")
 TMAT_MAX = 256  # reflectors of the T kernel (rows of T in device memory: no threadgroup memory bound)
 GEMM_THREADS = 128
 GEMM_TILE = 32
-GEMM_TG_FLOATS = 32 * 16 + 16 * 32 + 32 * 32
+GEMM_TG_FLOATS = 32 * 16 + 16 * 32 + 2 * 32 * 32
+GEMM_CHUNK = 256  # the depth whose products are summed apart (gemm.metal.j2)
 # The launch sequence's products (run/sequence.drive, drive_q) by stage: (op(A) transposed, op(B) transposed, alpha,
 # beta). Q's products take the trailing update's patterns.
 GEMM_KINDS = {"project": (False, False, 1.0, 0.0), "update": (True, False, -1.0, 1.0),
@@ -107,7 +108,7 @@ def render(spec: KernelSpec, schedule, target) -> Rendered:
         ta, tb, alpha, beta = GEMM_KINDS[spec.kind]
         source = env.get_template("metal/gemm.metal.j2").render(
             **common, ta=ta, tb=tb, alpha=alpha, beta=beta, alpha_literal=_literal(alpha),
-            beta_literal=_literal(beta), tg_floats=GEMM_TG_FLOATS)
+            beta_literal=_literal(beta), tg_floats=GEMM_TG_FLOATS, chunk=GEMM_CHUNK)
     elif spec.variant == "msl_tmat":
         source = env.get_template("metal/tmat.metal.j2").render(**common, tmat_max=TMAT_MAX)
     elif spec.variant in ("msl_vt", "msl_trsm"):

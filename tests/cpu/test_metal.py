@@ -149,6 +149,21 @@ def test_tsqr_panels_on_the_cpu_layer_pass_every_family(cpu_device, case):
     assert result.ok, f"{case} {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
 
 
+def test_the_gemms_rounding_error_does_not_grow_with_the_depth(cpu_device):
+    """A trailing update's depth is the panel's rows (100,000 here): the GEMM sums its products in chunks
+    (plan/msl.GEMM_CHUNK; summed in one run, this error is about 180 eps)."""
+    spec = families.gemm_kernel("project")
+    kernel = cpu_device.load(spec.name, render(spec, None, APPLE).source)
+    rng = np.random.default_rng(0)
+    depth = 100000
+    a, b = rng.random((32, depth), dtype=np.float32), rng.random((depth, 32), dtype=np.float32)
+    c = cpu_device.empty(32 * 32)
+    cpu_device.dispatch(kernel, (1, 1, 1), families.GEMM_THREADS, (a.reshape(-1), b.reshape(-1), c),
+                        (32, 32, depth, depth, 0, 32, 0, 32, 0, 0, 0, 0), families.GEMM_TG_FLOATS)
+    want = a.astype(np.float64) @ b
+    assert np.abs(c.reshape(32, 32) - want).max() <= 32 * np.finfo(np.float32).eps * np.abs(want).max()
+
+
 def test_a_mixed_hostile_batch_on_the_cpu_layer_passes_every_family(cpu_device):
     from qrgen.run import metal_engine
 
