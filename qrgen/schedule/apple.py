@@ -2,16 +2,15 @@
 (a "whole" panel); else rows panels on one threadgroup, the widest panel of at most 32 columns whose rows fit the
 registers of a threadgroup; where not even TSQR_WIDTH columns fit, tsqr panels of TSQR_WIDTH columns (tiles of
 TSQR_TILE rows, a threadgroup each) for as long as they do not, then rows panels of that width; aggregates of 4
-panels for wide matrices. No
-schedule has been tuned on an Apple GPU: this is a heuristic from the limits in qrgen/targets/metal.py alone, and
-the place tuned files would take over (schedules/<family>/, as for CUDA) once an Apple GPU can run the tuner
-(docs/decisions.md#apple-defaults)."""
+panels for wide matrices. No schedule has been tuned on an Apple GPU: this is a heuristic from the limits in
+qrgen/targets/metal.py alone, and the place tuned files would take over (schedules/<family>/, as for CUDA) once an
+Apple GPU can run the tuner (docs/decisions.md#apple-defaults)."""
 from __future__ import annotations
 
 from ..plan import rows
 from ..plan.family import THREADS, register_cap
-from .panels import tsqr_panel
 from .model import Panel, Schedule
+from .panels import tsqr_panel
 
 WHOLE_SLICE = 8  # a whole Panel's slice, which Metal's whole kernel does not use (it factors column by column)
 WHOLE_MAX_THREADS = 256
@@ -59,10 +58,8 @@ def panel_schedule(problem, target) -> Schedule:
     qr's Q for any (a whole kernel keeps no reflectors)."""
     m, k = problem.m, problem.k
     limits = target.limits
-    if _fit(min(TSQR_WIDTH, k), m, limits) is None:  # tall: tsqr panels for as long as rows panels do not fit
-        width = min(TSQR_WIDTH, k)
-    else:
-        width = next(min(w, k) for w in WIDTHS if _fit(min(w, k), m, limits) is not None)
+    # the widest rows panel that fits; TSQR_WIDTH where not even that does (tsqr panels take those rows)
+    width = next(min(w, k) for w in WIDTHS if w <= TSQR_WIDTH or _fit(min(w, k), m, limits))
     aggregate = AGGREGATE_PANELS * width if k >= AGGREGATE_MIN_K and k > AGGREGATE_PANELS * width else 0
     panels = []
     threads = _fit(width, m, limits)  # the rows panels' (None while tsqr panels take the rows)
