@@ -1,6 +1,7 @@
 """Panel family "tsqr", for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
 `threads`, at least twice the width), each on one block as a rows panel factors, then Q's columns down the tree and
-Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh); one launch per phase of the tree."""
+Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh; on Metal templates/metal/tsqr.metal.j2, whose
+threadgroup memory plan/msl.py sizes); one launch per phase of the tree."""
 from __future__ import annotations
 
 from dataclasses import dataclass
