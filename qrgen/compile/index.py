@@ -27,11 +27,16 @@ FORMAT = 1  # of the index entries and their keys
 _PACKAGE = Path(__file__).resolve().parent.parent
 
 
-def _tree_digest(h, root: Path, pattern: str) -> None:
-    for path in sorted(p for p in root.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts):
-        data = path.read_bytes()
-        h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
-        h.update(data)
+def _tree_digest(h, root: Path, suffix: str) -> None:
+    """Every file under root whose name ends with suffix, by relative path, in a fixed order (__pycache__ left out)."""
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+        for name in sorted(n for n in names if n.endswith(suffix)):
+            path = os.path.join(folder, name)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            h.update(f"{Path(os.path.relpath(path, root)).as_posix()}\0{len(data)}\0".encode())
+            h.update(data)
 
 
 @functools.cache
@@ -40,13 +45,13 @@ def code_digest() -> str:
     arguments, the dialect tables, the schedule and spec types) and of Jinja, and Python's version; once per
     process."""
     h = hashlib.sha256(f"{sys.version}\0".encode())
-    for root, pattern in ((template_dir(), "*"), (_PACKAGE, "*.py")):
+    for root, suffix in ((template_dir(), ""), (_PACKAGE, ".py")):
         h.update(f"{root.name}\0".encode())
-        _tree_digest(h, root, pattern)
+        _tree_digest(h, root, suffix)
     jinja = importlib.util.find_spec("jinja2")
     for location in (jinja.submodule_search_locations or []) if jinja else []:
         h.update(b"jinja2\0")
-        _tree_digest(h, Path(location), "*.py")
+        _tree_digest(h, Path(location), ".py")
     return h.hexdigest()
 
 

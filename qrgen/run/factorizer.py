@@ -14,7 +14,7 @@ from ..plan.planner import plan
 from ..problem import Problem
 from ..render.sources import render_all
 from ..targets import Target
-from . import replay
+from . import cublas, replay
 from .arrays import as_device_array, on_caller_stream
 from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function, sm_count
@@ -146,6 +146,16 @@ class Factorizer:
                  len(missing), what, job.process.pid)
 
     @property
+    def uses_cublas(self) -> bool:
+        """Whether the launch sequence calls cuBLAS (run/sequence.drive): the panels' own products where
+        panel_update is "cublas", the aggregates' products unless both are tf32x3 (whose thin or unaligned products
+        also go to cuBLAS: not counted here)."""
+        prec = self.schedule.precision
+        panels = self.schedule.panel_update == "cublas" and any(L.nc > 0 for L in self.launches)
+        merges = any(a.nc > 0 for a in self.aggregates) and not prec.project == prec.update == "tf32x3"
+        return panels or merges
+
+    @property
     def provisional(self) -> bool:
         """Whether quick binaries (a first call's) stand in while the optimized ones compile, here or in the keep
         plan made from this one (qr's)."""
@@ -197,6 +207,11 @@ class Factorizer:
         with self.lock:
             if device_id in self._functions:
                 return self._functions[device_id]
+            if self.uses_cublas:
+                import cupy
+
+                if not cupy.cuda.get_current_stream().is_capturing():  # (its thread allocates: not in a capture)
+                    cublas.warm(device_id)  # while the kernels are found and loaded; factor waits for it at its end
             if not self.binaries:
                 self.prepare(batch)
             specs = {k.name: k for k in self.kernels}

@@ -164,7 +164,7 @@ def test_a_stale_index_entry_falls_back_to_rendering(stand_in, tmp_path):
     assert len(renders) == 1 and len(compiled) == 1
     assert cache.read_entry(entries[1]) is not None
     # an index entry that is garbage, or names another kernel's entry, or an entry that was never written: misses
-    paths = [index.index_path(index.index_key(s, index._context(SCHEDULE, TARGET)), "sm_90") for s in specs]
+    paths = [index.index_path(index.index_key(s, index.context_key(SCHEDULE, TARGET, nvrtc.options("sm_90"), nvrtc.version())), "sm_90") for s in specs]
     paths[0].write_text("{not json")
     other = paths[1].read_text()
     paths[1].write_text(paths[1].read_text().replace('"cache_key": "', '"cache_key": "0'))
