@@ -61,99 +61,28 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLAS {what} failed with status {status}")
 
 
-def _new_handle(device_id: int) -> list:
-    import cupy
-
-    lib = _library()
-    with cupy.cuda.Device(device_id):
-        ptr = ctypes.c_void_p()
-        _check(lib.cublasCreate_v2(ctypes.byref(ptr)), "create")
-        # from CuPy's own pool, whatever allocator the call runs under: a handle outlives the call (torch's
-        # allocator would hand it memory of a graph's pool where the first call is inside a capture)
-        workspace = cupy.get_default_memory_pool().malloc(WORKSPACE_BYTES)
-        _check(lib.cublasSetWorkspace_v2(ptr, workspace.ptr, WORKSPACE_BYTES), "set workspace")
-    return [ptr, workspace, None, 0]
-
-
-def handle(device_id: int, slot: int = 0) -> list:
-    """[cuBLAS handle, workspace, stream last set, SM count target last set] of this thread on this device (a cuBLAS
+def _handle(device_id: int, slot: int = 0) -> list:
+    """[handle, workspace, stream last set, SM count target last set] of this thread on this device (a cuBLAS
     handle holds one stream at a time, so threads do not share handles, as in CuPy); slot 1 is a second one, for
     GEMMs that run at the same time as slot 0's on another stream (a workspace must not be shared by kernels
-    running at once). The first one made on a device is the warm-up's (warm), where it made one."""
+    running at once)."""
     handles = getattr(_local, "handles", None)
     if handles is None:
         handles = _local.handles = {}
     entry = handles.get((device_id, slot))
     if entry is None:
-        wait_warm(device_id)
-        with _WARM_LOCK:
-            entry = _WARM.pop(device_id, None)
-        entry = handles[(device_id, slot)] = entry or _new_handle(device_id)
-    return entry
+        import cupy
 
-
-# A process's first cuBLAS GEMM costs tens of ms of setup (docs/decisions.md#cublas-warm-up), most of it the same
-# for any GEMM: warm() starts it on a thread of its own at a Factorizer's first use of a device, where the plan will
-# call cuBLAS, so that it overlaps the rest of the call's preparation (finding and loading the kernels).
-_WARMED: set[int] = set()  # devices whose warm-up has started
-_WARMING: dict[int, threading.Thread] = {}  # device -> the thread warming cuBLAS up, until waited for
-_WARM: dict[int, list] = {}  # device -> the handle the warm-up made, for the first thread that needs one
-_WARM_LOCK = threading.Lock()
-_WARM_SIZE = 32
-
-
-def warm(device_id: int) -> None:
-    """Start cuBLAS's setup on a device on a thread of its own (one GEMM of 32 x 32 matrices on a stream of its
-    own, with the handle that the first thread to need one then takes: handle), unless it was started before. Call it outside
-    a stream capture only, and wait_warm() before the call returns: the thread's allocations must not meet a
-    capture that begins later."""
-    with _WARM_LOCK:
-        if device_id in _WARMED:
-            return
-        _WARMED.add(device_id)
-        thread = _WARMING[device_id] = threading.Thread(target=_warm_thread, args=(device_id,), daemon=True,
-                                                        name="qrgen-cublas-warm-up")
-        thread.start()
-
-
-def _warm_thread(device_id: int) -> None:
-    entry = _warm_up(device_id)
-    if entry is not None:
-        with _WARM_LOCK:
-            _WARM[device_id] = entry
-
-
-def _warm_up(device_id: int) -> list | None:
-    """A new handle entry (_new_handle) that has run one GEMM, or None where that failed."""
-    import cupy
-
-    try:
+        lib = _library()
         with cupy.cuda.Device(device_id):
-            entry = _new_handle(device_id)
-            stream = cupy.cuda.Stream(non_blocking=True)
-            x = cupy.empty((2, _WARM_SIZE, _WARM_SIZE), dtype=cupy.float32)  # (any values)
-            lib, n = _library(), _WARM_SIZE
-            _check(lib.cublasSetStream_v2(entry[0], stream.ptr), "set stream")
-            _check(lib.cublasGemmStridedBatchedEx(
-                entry[0], CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, _SCALARS[1.0].ctypes.data, x.data.ptr, CUDA_R_32F, n,
-                0, x.data.ptr, CUDA_R_32F, n, 0, _SCALARS[0.0].ctypes.data, x[1].data.ptr, CUDA_R_32F, n, 0, 1,
-                COMPUTE_TYPE["fp32"], CUBLAS_GEMM_DEFAULT), "gemm")
-            stream.synchronize()
-    except Exception:  # the call's own GEMMs report what is wrong
-        return None
-    return entry  # its stream last set stays None: the next GEMM sets its own
-
-
-def wait_warm(device_id: int | None = None) -> None:
-    """Wait for the warm-up of a device (every device's: None), where one is running."""
-    if not _WARMING:
-        return
-    with _WARM_LOCK:
-        threads = [(d, t) for d, t in _WARMING.items() if device_id is None or d == device_id]
-    for device, thread in threads:
-        thread.join()
-        with _WARM_LOCK:
-            _WARMING.pop(device, None)
+            handle = ctypes.c_void_p()
+            _check(lib.cublasCreate_v2(ctypes.byref(handle)), "create")
+            # from CuPy's own pool, whatever allocator the call runs under: a handle outlives the call (torch's
+            # allocator would hand it memory of a graph's pool where the first call is inside a capture)
+            workspace = cupy.get_default_memory_pool().malloc(WORKSPACE_BYTES)
+            _check(lib.cublasSetWorkspace_v2(handle, workspace.ptr, WORKSPACE_BYTES), "set workspace")
+        entry = handles[(device_id, slot)] = [handle, workspace, None, 0]
+    return entry
 
 
 def gemm(device_id: int, stream_ptr: int, trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int,
@@ -161,19 +90,19 @@ def gemm(device_id: int, stream_ptr: int, trans_a: bool, trans_b: bool, rows: in
          ldc: int, sc: int, batch: int, precision: str, slot: int = 0, sm_target: int = 0) -> None:
     """Row-major C = alpha op(A) op(B) + beta C for `batch` matrices at fixed strides (in floats), computed as
     cuBLAS's column-major C^T = op(B)^T op(A)^T. Inputs rounded as `precision` says, fp32 accumulation; `slot`
-    picks the thread's handle (see handle); `sm_target` > 0: the SMs cuBLAS may plan for (cublasSetSmCountTarget,
+    picks the thread's handle (see _handle); `sm_target` > 0: the SMs cuBLAS may plan for (cublasSetSmCountTarget,
     for a GEMM that shares the GPU with kernels on another stream), 0 all of them."""
     lib = _library()
-    entry = handle(device_id, slot)
-    ptr = entry[0]
+    entry = _handle(device_id, slot)
+    handle = entry[0]
     if entry[2] != stream_ptr:
-        _check(lib.cublasSetStream_v2(ptr, stream_ptr), "set stream")
+        _check(lib.cublasSetStream_v2(handle, stream_ptr), "set stream")
         entry[2] = stream_ptr
     if entry[3] != sm_target:
-        _check(lib.cublasSetSmCountTarget(ptr, sm_target), "set SM count target")
+        _check(lib.cublasSetSmCountTarget(handle, sm_target), "set SM count target")
         entry[3] = sm_target
     _check(lib.cublasGemmStridedBatchedEx(
-        ptr, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
+        handle, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N,
         cols, rows, depth, _SCALARS[alpha].ctypes.data, b_ptr, CUDA_R_32F, ldb, sb, a_ptr, CUDA_R_32F, lda, sa,
         _SCALARS[beta].ctypes.data, c_ptr, CUDA_R_32F, ldc, sc, batch, COMPUTE_TYPE[precision], CUBLAS_GEMM_DEFAULT),
         "gemm")

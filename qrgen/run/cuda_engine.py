@@ -263,4 +263,3 @@ def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None
             if q is not None:
                 engine.ptrs["q"] = q[b0:b0 + nb].data.ptr
                 drive_q(fac, engine, q.shape[2])
-    cublas.wait_warm()  # a first call's cuBLAS warm-up (Factorizer.functions) ends within the call

@@ -237,3 +237,25 @@ def test_lanes_phases_tool_instruments_the_current_template(rows, slots, blocks)
     assert binary.spill_bytes == 0
     with pytest.raises(ValueError, match="template changed"):
         script.instrument("no kernel here", 32, 1)
+
+
+def test_cols_trace_tool_patches_the_current_template():
+    # the cols_trace tool replaces the cols kernel's producer and consumer by text and stores a clock per column:
+    # every anchor must still be there (it raises otherwise); its seed-style producer, alone and with pairs of
+    # consumers, compiles without spills at 176 rows on 22 warps (traced too).
+    script = _tool("cols_trace.py")
+    rendered, shared = script.kernel(176, 8, SM90)
+    assert shared > 48 * 1024
+    items = []
+    for variant in ("seed-producer", "seed-producer+pairs"):
+        source = script.variant_source(rendered.source, variant)
+        assert source != rendered.source
+        items += [(f"{rendered.name}_{len(items)}", source),
+                  (f"{rendered.name}_{len(items) + 1}", script.instrument(source))]
+    assert items[1][1].count("(unsigned)clock()") == 1
+    for binary in compile_many(items, SM90, use_cache=False):
+        assert binary.spill_bytes == 0, binary.name
+    with pytest.raises(ValueError, match="template changed"):
+        script.variant_source("no kernel here", "pairs")
+    with pytest.raises(ValueError, match="variant parts"):
+        script.variant_source(rendered.source, "fastest")
