@@ -2,13 +2,16 @@
 (one threadgroup per matrix, the loop over columns unrolled by the template), the tsqr panel of plan/tsqr.py as
 templates/metal/tsqr.metal.j2 renders it (a threadgroup per tile, one dispatch per phase), the GEMM of the trailing,
 merge and Q products on simdgroup matrices (templates/metal/gemm.metal.j2: one kernel per transpose and scaling
-pattern the launch sequence uses) and T of an aggregate (templates/metal/tmat.metal.j2). What Metal kernels may do,
+pattern the launch sequence uses and input precision its schedule names: float, half or bfloat inputs, float
+accumulators), T of an aggregate (templates/metal/tmat.metal.j2) and the power-of-two scale of schedules with half
+inputs (templates/metal/scale.metal.j2). What Metal kernels may do,
 and how their threadgroup memory is passed, is templates/metal/dialect.h's; the planner asks this module
 (plan/planner.py, through the backend record's `families`) which kernels a schedule needs and whether Metal can run
 it."""
 from __future__ import annotations
 
 from ..render.environment import environment
+from ..targets import SIMDGROUP_BFLOAT
 from ..version import __version__
 from .specs import KernelSpec, Rendered
 
@@ -24,6 +27,12 @@ GEMM_KINDS = {"project": (False, False, 1.0, 0.0), "update": (True, False, -1.0,
               "gram": (False, True, 1.0, 0.0), "aggregate": (True, False, 1.0, 0.0)}
 STAGE_KIND = {"project": "project", "update": "update", "gram": "gram", "aggregate": "aggregate",
               "qproject": "project", "qupdate": "update"}
+# A stage's input precision -> the MSL type its GEMM stages op(A) and op(B) as (a schedule's other precisions, and
+# Q's tf32x3, run from float inputs on Metal: Apple GPUs have no tf32)
+GEMM_INPUTS = {"fp32": "float", "fp16": "half", "bf16": "bfloat"}
+SCALE_THREADS = 256
+SCALE_FLOATS_PER_THREADGROUP = 256 * 16  # phases 1 and 2: a threadgroup per this many floats of a matrix, at most
+SCALE_MAX_THREADGROUPS = 1024            # this many per matrix
 
 
 def tg_floats(variant: str, threads: int, width: int, m: int, n: int) -> int:
@@ -41,14 +50,31 @@ def panel_tg_floats(spec: KernelSpec, m: int, n: int) -> int:
     return tg_floats(spec.variant, spec.threads, spec.width, m, n)
 
 
-def gemm_name(kind: str) -> str:
+def gemm_input(precision: str) -> str:
+    """The precision a stage's GEMM takes its inputs in on Metal: fp16, bf16, else fp32."""
+    return precision if precision in GEMM_INPUTS else "fp32"
+
+
+def gemm_name(kind: str, precision: str = "fp32") -> str:
     ta, tb, alpha, beta = GEMM_KINDS[kind]
-    return f"qr_gemm_{'t' if ta else 'n'}{'t' if tb else 'n'}_a{'m' if alpha < 0 else ''}1_b{int(beta)}"
+    inputs = "" if gemm_input(precision) == "fp32" else f"_{precision}"
+    return f"qr_gemm_{'t' if ta else 'n'}{'t' if tb else 'n'}_a{'m' if alpha < 0 else ''}1_b{int(beta)}{inputs}"
 
 
-def gemm_kernel(kind: str) -> KernelSpec:
-    return KernelSpec(gemm_name(kind), "msl_gemm", 0, GEMM_THREADS, 1, 0, 1, False, 0, 4 * GEMM_TG_FLOATS, (),
-                      kind=kind)
+def gemm_kernel(kind: str, precision: str = "fp32") -> KernelSpec:
+    """The GEMM of a stage's kind with its inputs in `precision` (KernelSpec.kind: "kind" or "kind:precision")."""
+    member = kind if gemm_input(precision) == "fp32" else f"{kind}:{precision}"
+    return KernelSpec(gemm_name(kind, precision), "msl_gemm", 0, GEMM_THREADS, 1, 0, 1, False, 0, 4 * GEMM_TG_FLOATS,
+                      (), kind=member)
+
+
+def scale_kernel() -> KernelSpec:
+    return KernelSpec("qr_scale", "msl_scale", 0, SCALE_THREADS, 1, 0, 1, False, 0, 4 * SCALE_THREADS // 32, ())
+
+
+def scale_threadgroups(m: int, n: int) -> int:
+    """Threadgroups per matrix of the scale kernel's phases 1 and 2."""
+    return max(1, min(SCALE_MAX_THREADGROUPS, -(-m * n // SCALE_FLOATS_PER_THREADGROUP)))
 
 
 def tmat_kernel() -> KernelSpec:
@@ -65,8 +91,9 @@ Q_KERNELS = (KernelSpec("qr_vt", "msl_vt", 0, VT_THREADS, 1, 0, 1, False, 0, 16,
 
 def check(schedule, target) -> None:
     """ValueError naming what a Metal target cannot run: panels other than whole ones and rows and tsqr panels on one
-    threadgroup (tsqr: per tile) with the loop over columns unrolled, products other than fp32 through the backend's
-    GEMM, power-of-two scaling, aggregates over TMAT_MAX."""
+    threadgroup (tsqr: per tile) with the loop over columns unrolled, products other than the backend's GEMM's, inputs
+    other than fp32, fp16 and bf16 (bf16 where the family has bfloat simdgroup matrices), aggregates over
+    TMAT_MAX."""
     for index, panel in enumerate(schedule.panels):
         need = 4 * tg_floats(panel.variant, panel.threads, panel.width, schedule.m, schedule.n)
         if need > target.limits.shared_bytes:
@@ -81,21 +108,30 @@ def check(schedule, target) -> None:
         raise ValueError(f"Schedule.panel_update {schedule.panel_update!r}: on Metal the panels' own products run "
                          f"through the backend's GEMM kernels ('cublas')")
     stages = {s: getattr(schedule.precision, s) for s in ("gram", "project", "update")}
-    if any(p != "fp32" for p in stages.values()):
-        raise ValueError(f"Schedule.precision {stages}: Metal's kernels take fp32 in every stage so far")
+    if any(p not in GEMM_INPUTS for p in stages.values()):
+        raise ValueError(f"Schedule.precision {stages}: Metal's GEMMs take inputs in {tuple(GEMM_INPUTS)} (Apple GPUs "
+                         f"have no tf32)")
+    if "bf16" in stages.values() and SIMDGROUP_BFLOAT not in target.features:
+        raise ValueError(f"Schedule.precision {stages}: {target.arch} has no bfloat simdgroup matrices "
+                         f"({SIMDGROUP_BFLOAT})")
     if schedule.aggregate > TMAT_MAX:
         raise ValueError(f"Schedule.aggregate {schedule.aggregate}: Metal's T kernel takes at most {TMAT_MAX}")
 
 
 def product_kernels(schedule, launches, aggregates, keep: bool) -> list[KernelSpec]:
-    """The GEMM and T kernels a plan's launch sequence calls."""
+    """The GEMM, T and scale kernels a plan's launch sequence calls: the trailing products and G in the schedule's
+    precisions, (VT)^T and Q's products from float inputs."""
+    prec = schedule.precision
     kinds = []
     if keep or any(L.nc > 0 for L in launches) or any(a.nc > 0 for a in aggregates):
-        kinds += ["project", "update"]
+        kinds += [("project", prec.project), ("update", prec.update)]
+    if keep:
+        kinds += [("project", "fp32"), ("update", "fp32")]
     merged = [a for a in aggregates if a.nc > 0 or keep]
     if merged:
-        kinds += ["gram", "aggregate"]
-    return [gemm_kernel(k) for k in kinds] + ([tmat_kernel()] if merged else [])
+        kinds += [("gram", prec.gram), ("aggregate", "fp32")]
+    specs = list({gemm_name(k, p): gemm_kernel(k, p) for k, p in kinds}.values())
+    return specs + ([tmat_kernel()] if merged else []) + ([scale_kernel()] if schedule.scaled else [])
 
 
 def _literal(x: float) -> str:
@@ -105,13 +141,15 @@ def _literal(x: float) -> str:
 def render(spec: KernelSpec, schedule, target) -> Rendered:
     env, common = environment(), dict(version=__version__, arch=target.arch, k=spec)
     if spec.variant == "msl_gemm":
-        ta, tb, alpha, beta = GEMM_KINDS[spec.kind]
+        kind, _, precision = spec.kind.partition(":")
+        ta, tb, alpha, beta = GEMM_KINDS[kind]
         source = env.get_template("metal/gemm.metal.j2").render(
             **common, ta=ta, tb=tb, alpha=alpha, beta=beta, alpha_literal=_literal(alpha),
-            beta_literal=_literal(beta), tg_floats=GEMM_TG_FLOATS, chunk=GEMM_CHUNK)
+            beta_literal=_literal(beta), tg_floats=GEMM_TG_FLOATS, chunk=GEMM_CHUNK,
+            input=GEMM_INPUTS[precision or "fp32"])
     elif spec.variant == "msl_tmat":
         source = env.get_template("metal/tmat.metal.j2").render(**common, tmat_max=TMAT_MAX)
-    elif spec.variant in ("msl_vt", "msl_trsm"):
+    elif spec.variant in ("msl_vt", "msl_trsm", "msl_scale"):
         source = env.get_template(f"metal/{spec.variant[4:]}.metal.j2").render(**common)
     else:
         raise ValueError(f"no Metal kernel family {spec.variant!r}")

@@ -1,7 +1,8 @@
 """The Metal backend's engine: the launch sequence (run/sequence.drive, drive_q) over the Metal kernels of a
 schedule's plan (plan/msl.py), dispatched on a device that runs MSL: the Mac's GPU (run/metal_mac.py) or, where
 there is none, a translation layer (run/msl_devices.py: the CPU, or CUDA). Every product runs through the Metal
-GEMM kernels in fp32, whatever precision the sequence names (Metal's plans are fp32 throughout: plan/msl.check).
+GEMM kernels, with the inputs the sequence names where Metal has them (fp16, bf16), else fp32 (plan/msl.gemm_input);
+schedules with fp16 inputs scale each matrix by a power of two first and R back after (the scale kernel).
 Dispatches run in order on one queue, so the side-lane operations (fork, join, marks) need nothing."""
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class MetalEngine:
         self.buffers = {"h": h, "tau": tau}
         for name in buffer_names(fac) + ("tmat",):
             self.buffers[name] = self.device.empty(nb * self.sizes.floats(name))
+        if fac.schedule.scaled:
+            self.buffers["exps"] = self.device.empty(nb, np.int32)  # each matrix's power of two (the scale kernel)
 
     def _run(self, name: str, grid, threads: int, buffers, args, tg_floats: int) -> None:
         self.device.dispatch(self.fac.kernels[name], grid, threads, buffers, args, tg_floats)
@@ -72,7 +75,7 @@ class MetalEngine:
             raise ValueError(f"no Metal GEMM for {stage} with {(trans_a, trans_b, alpha, beta)}")
         tile = msl.GEMM_TILE
         buf = self.buffers
-        self._run(msl.gemm_name(kind), (-(-cols // tile), -(-rows // tile), self.nb), msl.GEMM_THREADS,
+        self._run(msl.gemm_name(kind, precision), (-(-cols // tile), -(-rows // tile), self.nb), msl.GEMM_THREADS,
                   (buf[a[0]], buf[b[0]], buf[c[0]]), (rows, cols, depth, lda, sa, ldb, sb, ldc, sc, a[1], b[1], c[1]),
                   msl.GEMM_TG_FLOATS)
 
@@ -86,7 +89,13 @@ class MetalEngine:
         raise ValueError("Metal plans have no fused panel update")
 
     def scale(self, phase):
-        raise ValueError("Metal plans are not scaled (fp32 products)")
+        """Phase 0: each matrix's power of two, then h scaled by it (the scale kernel's phases 0 and 1); phase 2: R
+        scaled back."""
+        m, n, b = self.fac.m, self.fac.n, self.buffers
+        groups = msl.scale_threadgroups(m, n)
+        for p in ((0, 1) if phase == 0 else (2,)):
+            self._run("qr_scale", (groups if p else 1, self.nb, 1), msl.SCALE_THREADS, (b["h"], b["exps"]),
+                      (p, m, n, groups), msl.SCALE_THREADS // 32)
 
     def fork(self):
         pass

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import cpu, cuda, metal
-from .records import (ASYNC_COPY, CLUSTERS, COOPERATIVE, FEATURES, MBARRIER, SIMDGROUP_MATRIX,  # noqa: F401
-                      TF32_MMA, Arch, Backend, Limits)
+from .records import (ASYNC_COPY, CLUSTERS, COOPERATIVE, FEATURES, MBARRIER, SIMDGROUP_BFLOAT,  # noqa: F401
+                      SIMDGROUP_MATRIX, TF32_MMA, Arch, Backend, Limits)
 
 
 BACKENDS = {b.name: b for b in (cuda.BACKEND, cpu.BACKEND, metal.BACKEND)}

@@ -1,5 +1,7 @@
 """No-GPU layer: the kernel bodies are plain C++ headers, and every template renders under the strict environment."""
 
+import dataclasses
+
 import pytest
 
 from qrgen.bench import markdown_document
@@ -79,6 +81,8 @@ def test_every_template_renders_strictly():
             sources += render_all(metal, apple) + render_all(panel_schedule(Problem(*shape[:2], shape[2]), apple),
                                                              apple, keep=True)
         sources += [render(k, None, apple) for k in msl.Q_KERNELS]
+        half = Precision("fp32", "fp16", "fp16")  # Metal's half-input GEMMs and their power-of-two scale
+        sources += render_all(dataclasses.replace(find(Problem(300, 300, 2), apple)[0], precision=half), apple)
         markdown_document([("title", "| table |")], "qrgen bench --markdown BENCHMARKS.md",
                           dict(date="d", device="dev", driver=0, runtime=0, nvrtc="0", cupy="0", torch="0",
                                version="0"))

@@ -23,8 +23,14 @@ float simd_sum(float data);
 float fma(float a, float b, float c);
 float sqrt(float x);
 float abs(float x);
+// half and bfloat (MSL 3.1) as clang's 16-bit floating types
+typedef _Float16 half;
+typedef __bf16 bfloat;
+template <typename T, typename F> T as_type(F x);
 template <typename T, int COLS, int ROWS> struct simdgroup_matrix { simdgroup_matrix() = default; };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
 template <typename T, int COLS, int ROWS> simdgroup_matrix<T, COLS, ROWS> make_filled_simdgroup_matrix(T value);
 template <typename T, int COLS, int ROWS>
 void simdgroup_load(thread simdgroup_matrix<T, COLS, ROWS>& d, const threadgroup T* src, ulong elements_per_row = COLS,
@@ -38,7 +44,8 @@ void simdgroup_store(thread const simdgroup_matrix<T, COLS, ROWS>& a, threadgrou
 template <typename T, int COLS, int ROWS>
 void simdgroup_store(thread const simdgroup_matrix<T, COLS, ROWS>& a, device T* dst, ulong elements_per_row = COLS,
                      ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false);
-template <typename T, int N>
-void simdgroup_multiply_accumulate(thread simdgroup_matrix<T, N, N>& d, thread const simdgroup_matrix<T, N, N>& a,
-                                   thread const simdgroup_matrix<T, N, N>& b, thread const simdgroup_matrix<T, N, N>& c);
+// a and b of half or bfloat with float c and d: fp32 accumulation of 16-bit inputs
+template <typename T, typename A, typename B, int N>
+void simdgroup_multiply_accumulate(thread simdgroup_matrix<T, N, N>& d, thread const simdgroup_matrix<A, N, N>& a,
+                                   thread const simdgroup_matrix<B, N, N>& b, thread const simdgroup_matrix<T, N, N>& c);
 }  // namespace metal

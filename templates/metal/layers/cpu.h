@@ -201,6 +201,16 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
 inline unsigned qrl_lane() { return (unsigned)(qrl::G->current & 31); }
 inline float qrl_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline float qrl_nan() { return __builtin_nanf(""); }
+inline unsigned qrl_bits(float f) {
+  unsigned u;
+  __builtin_memcpy(&u, &f, 4);
+  return u;
+}
+inline float qrl_float(unsigned u) {
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
 
 namespace metal {
 inline float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }

@@ -7,6 +7,8 @@
 __device__ __forceinline__ unsigned qrl_lane() { return threadIdx.x & 31; }
 __device__ __forceinline__ float qrl_fma(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ float qrl_nan() { return __int_as_float(0x7fffffff); }
+__device__ __forceinline__ unsigned qrl_bits(float f) { return __float_as_uint(f); }
+__device__ __forceinline__ float qrl_float(unsigned u) { return __uint_as_float(u); }
 #define threadgroup_barrier(flags) __syncthreads()
 #define simdgroup_barrier(flags) __syncwarp()
 __device__ __forceinline__ float simd_shuffle(float v, unsigned short lane) { return __shfl_sync(0xffffffffu, v, lane); }
