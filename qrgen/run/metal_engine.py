@@ -122,7 +122,12 @@ def _prepare(a, schedule, target):
 
 def factor(fac: MetalFactorizer, a: np.ndarray) -> MetalEngine:
     """Factor a (batch, m, n) float32 on the factorizer's device: the engine, its buffers h and tau on the device."""
-    engine = MetalEngine(fac, fac.device.array(a.reshape(-1)), fac.device.empty(a.shape[0] * fac.k), a.shape[0])
+    return factor_in(fac, fac.device.array(a.reshape(-1)), fac.device.empty(a.shape[0] * fac.k), a.shape[0])
+
+
+def factor_in(fac: MetalFactorizer, h, tau, batch: int) -> MetalEngine:
+    """Factor the batch of matrices in device array h in place, tau into device array tau: the engine."""
+    engine = MetalEngine(fac, h, tau, batch)
     drive(fac, engine)
     return engine
 

@@ -4,21 +4,27 @@ run/msl_devices.py, which stand in for this device with the same methods.
 
 Why PyObjC: it gives what the runtime needs and MLX's and torch.mps's shader APIs do not both give: the whole
 kernel source with its own signature and [[threadgroup(0)]] memory argument, the compile options (no fast math) and
-pipelines kept in a binary archive on disk. Arrays are copied into shared-storage MTLBuffers and out again; wrapping
-the caller's memory (newBufferWithBytesNoCopy needs page-aligned memory) is not done yet."""
+pipelines kept in a binary archive on disk. Arrays live in shared-storage MTLBuffers (unified memory); `wrap` makes
+one over memory the caller already holds (an MLX array's, seen through the buffer protocol) without a copy:
+newBufferWithBytesNoCopy over the whole pages around it, the array at an offset into them."""
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 import platform
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
 from ..compile import cache, msl
 from ..paths import cache_dir
 
-# MTLCompileOptions: IEEE float (fast math changes the reflectors' square roots and divisions), MSL 3.0 (macOS 13).
+# MTLCompileOptions: IEEE float (fast math changes the reflectors' square roots and divisions), MSL 3.0 (macOS 13);
+# MSL 3.1 (macOS 14) for kernels with bfloat (its first version).
 OPTIONS = ("fastMathEnabled=NO", "languageVersion=3.0")
+BFLOAT_OPTIONS = ("fastMathEnabled=NO", "languageVersion=3.1")
 FAMILIES = (("apple10", 1010), ("apple9", 1009), ("apple8", 1008), ("apple7", 1007))  # MTLGPUFamilyAppleN values
 
 
@@ -39,6 +45,17 @@ def shared_device() -> "MacDevice":
     return MacDevice()
 
 
+class Array(NamedTuple):
+    """A device array: `count` elements of `dtype` at byte `offset` of an MTLBuffer; `owner` keeps wrapped memory
+    alive."""
+
+    buf: object
+    count: int
+    dtype: np.dtype
+    offset: int = 0
+    owner: object = None
+
+
 class MacDevice:
     def __init__(self):
         import Metal
@@ -57,37 +74,61 @@ class MacDevice:
         buf = self.dev.newBufferWithLength_options_(max(16, nbytes), self.mtl.MTLResourceStorageModeShared)
         return buf
 
-    def _view(self, buf, count: int, dtype) -> np.ndarray:
-        return np.frombuffer(buf.contents().as_buffer(count * np.dtype(dtype).itemsize), dtype=dtype, count=count)
+    def _view(self, x: Array) -> np.ndarray:
+        size = x.count * np.dtype(x.dtype).itemsize
+        return np.frombuffer(x.buf.contents().as_buffer(x.offset + size), dtype=x.dtype, count=x.count,
+                             offset=x.offset)
 
-    def array(self, host: np.ndarray):
+    def array(self, host: np.ndarray) -> Array:
         host = np.ascontiguousarray(host)
-        buf = self._buffer(host.nbytes)
-        self._view(buf, host.size, host.dtype)[...] = host.reshape(-1)
-        return (buf, host.size, host.dtype)
+        x = Array(self._buffer(host.nbytes), host.size, host.dtype)
+        self._view(x)[...] = host.reshape(-1)
+        return x
 
-    def empty(self, count: int, dtype=np.float32):
-        buf = self._buffer(max(1, count) * np.dtype(dtype).itemsize)
-        arr = (buf, max(1, count), np.dtype(dtype))
-        self.fill(arr, np.nan if dtype == np.float32 else 0)
-        return arr
+    def empty(self, count: int, dtype=np.float32) -> Array:
+        x = Array(self._buffer(max(1, count) * np.dtype(dtype).itemsize), max(1, count), np.dtype(dtype))
+        self.fill(x, np.nan if dtype == np.float32 else 0)
+        return x
 
-    def to_host(self, x) -> np.ndarray:
+    def wrap(self, view: np.ndarray) -> Array | None:
+        """The memory of a C-contiguous, writable NumPy view of unified memory as a device array, without a copy
+        (its pages wrapped by newBufferWithBytesNoCopy, which takes page-aligned memory); None where Metal refuses."""
+        if not (view.flags.c_contiguous and view.flags.writeable) or view.size == 0:
+            return None
+        ptr = view.ctypes.data
+        base = ptr - ptr % mmap.PAGESIZE
+        length = -(-(ptr - base + view.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+        pages = (ctypes.c_char * length).from_address(base)
+        buf = self.dev.newBufferWithBytesNoCopy_length_options_deallocator_(
+            pages, length, self.mtl.MTLResourceStorageModeShared, None)
+        return None if buf is None else Array(buf, view.size, view.dtype, ptr - base, (view, pages))
+
+    def copy(self, src: Array, dst: Array) -> None:
+        """dst's first elements = src, on the GPU, in order with the dispatches."""
+        if self.command is None:
+            self.command = self.queue.commandBuffer()
+        enc = self.command.blitCommandEncoder()
+        enc.copyFromBuffer_sourceOffset_toBuffer_destinationOffset_size_(
+            src.buf, src.offset, dst.buf, dst.offset, src.count * np.dtype(src.dtype).itemsize)
+        enc.endEncoding()
+
+    def to_host(self, x: Array) -> np.ndarray:
         self.synchronize()
-        return self._view(*x).copy()
+        return self._view(x).copy()
 
-    def fill(self, x, value: float) -> None:
+    def fill(self, x: Array, value: float) -> None:
         self.synchronize()
-        self._view(*x)[...] = value
+        self._view(x)[...] = value
 
     def load(self, name: str, source: str):
-        key = cache.key(source, self.family, OPTIONS, self.compiler)  # all that changes the binary
-        if key in self.kernels:
+        bfloat = "bfloat" in source
+        key = cache.key(source, self.family, BFLOAT_OPTIONS if bfloat else OPTIONS, self.compiler)  # all that
+        if key in self.kernels:  # changes the binary
             return self.kernels[key]
         sig = msl.signature(source, name)
         options = self.mtl.MTLCompileOptions.new()
         options.setFastMathEnabled_(False)
-        options.setLanguageVersion_(self.mtl.MTLLanguageVersion3_0)
+        options.setLanguageVersion_(self.mtl.MTLLanguageVersion3_1 if bfloat else self.mtl.MTLLanguageVersion3_0)
         library, error = self.dev.newLibraryWithSource_options_error_(source, options, None)
         if library is None:
             raise RuntimeError(f"{name}: the Metal compiler refused it: {error}")
@@ -122,8 +163,8 @@ class MacDevice:
             self.command = self.queue.commandBuffer()
         enc = self.command.computeCommandEncoder()
         enc.setComputePipelineState_(pipeline)
-        for i, (buf, _, _) in enumerate(buffers):
-            enc.setBuffer_offset_atIndex_(buf, 0, i)
+        for i, x in enumerate(buffers):
+            enc.setBuffer_offset_atIndex_(x.buf, x.offset, i)
         packed = np.asarray(args, dtype=np.int32).tobytes()
         enc.setBytes_length_atIndex_(packed, len(packed), len(buffers))
         enc.setThreadgroupMemoryLength_atIndex_(-(-4 * tg_floats // 16) * 16, 0)  # Metal takes multiples of 16 bytes

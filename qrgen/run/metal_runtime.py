@@ -1,7 +1,15 @@
 """qrgen's functions (geqrf, qr, householder_product, ormqr, lstsq) on the arrays Apple users hold: MLX arrays and
 torch tensors on "mps" (and, with an explicit device, NumPy arrays), run by the Metal engine on the Mac's GPU
-(run/metal_mac.py), the results of the input's kind. The factorizer of each (shape, target, keep) is made once per device and kept. Tests pass one of the
-translation layers (run/msl_devices.py) as the device: everything here but the Mac device itself runs in CI."""
+(run/metal_mac.py), the results of the input's kind. The factorizer of each (shape, target, keep) is made once per
+device and kept. Tests pass one of the translation layers (run/msl_devices.py) as the device: everything here but
+the Mac device itself runs in CI.
+
+geqrf copies nothing through the host where the device can wrap the memory of the input and of new arrays of its
+kind (device.wrap: an MLX array's unified memory on a Mac, NumPy's on the CPU layer): the input is copied into the
+new h on the device and factored there, tau written in place. Elsewhere (torch tensors on "mps", whose storage
+pointer is an MTLBuffer handle in some torch versions and the memory's address in others, with no public way to
+tell; a non-contiguous input; memory Metal will not wrap) and in the other functions, arrays are copied in and
+out."""
 from __future__ import annotations
 
 import math
@@ -79,6 +87,55 @@ def factorizer(m: int, n: int, batch: int, device, target: Target | None = None,
     return fac
 
 
+def _view(a) -> np.ndarray | None:
+    """A NumPy view of a float32 input's memory (no copy), or None where there is none to be had."""
+    if type(a).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        if a.dtype != mx.float32:
+            return None
+        mx.eval(a)
+        return np.array(a, copy=False)  # MLX's buffer protocol: the array's own (unified) memory
+    return a if isinstance(a, np.ndarray) and a.dtype == np.float32 else None
+
+
+def _new(a, shape: tuple):
+    """A new float32 array of a's kind and its NumPy view (no copy), or None."""
+    if type(a).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        out = mx.zeros(shape, dtype=mx.float32)
+        mx.eval(out)
+        return out, np.array(out, copy=False)
+    if isinstance(a, np.ndarray):
+        out = np.empty(shape, dtype=np.float32)
+        return out, out
+    return None
+
+
+def _geqrf_in_place(a, dev, target, fac):
+    """geqrf without host copies (the module's docstring), or None where the memory cannot be wrapped."""
+    view = _view(a)
+    if view is None or view.ndim < 2 or 0 in view.shape:
+        return None
+    lead, (m, n) = view.shape[:-2], view.shape[-2:]
+    nb = math.prod(lead)
+    if fac is not None and (fac.m, fac.n) != (m, n):
+        return None
+    outputs = _new(a, view.shape), _new(a, lead + (min(m, n),))
+    if None in outputs:
+        return None
+    (h_out, h_view), (tau_out, tau_view) = outputs
+    src, h, tau = dev.wrap(view), dev.wrap(h_view), dev.wrap(tau_view)
+    if src is None or h is None or tau is None:
+        return None
+    fac = fac or factorizer(m, n, nb, dev, target)
+    dev.copy(src, h)
+    metal_engine.factor_in(fac, h, tau, nb)
+    dev.synchronize()
+    return h_out, tau_out
+
+
 def _batched(a):
     host, back = _host(a)
     if host.ndim < 2 or 0 in host.shape:
@@ -91,10 +148,13 @@ def _batched(a):
 def geqrf(a, device=None, target: Target | None = None, fac=None):
     """(h, tau) of a (..., m, n) float32 array on the Metal GPU, of the input's kind (fac: a factorizer of a
     generated module, for its shape)."""
+    dev = fac.device if fac is not None else metal_device(device)
+    done = _geqrf_in_place(a, dev, target, fac)
+    if done is not None:
+        return done
     x, lead, back = _batched(a)
     if fac is not None and (fac.m, fac.n) != x.shape[1:]:
         raise ValueError(f"this module factors {fac.m}x{fac.n} matrices; got {x.shape[1]}x{x.shape[2]}")
-    dev = fac.device if fac is not None else metal_device(device)
     fac = fac or factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target)
     h, tau = metal_engine.geqrf(x, dev, fac.schedule, fac.target, factorizer=fac)
     return back(h.reshape(lead + h.shape[1:])), back(tau.reshape(lead + tau.shape[1:]))

@@ -42,6 +42,13 @@ class CpuDevice:
     def to_host(self, x) -> np.ndarray:
         return np.array(x)
 
+    def wrap(self, view: np.ndarray) -> np.ndarray | None:
+        """Host memory is this device's: a C-contiguous, writable view is a device array as it is (no copy)."""
+        return view.reshape(-1) if view.flags.c_contiguous and view.flags.writeable and view.size else None
+
+    def copy(self, src, dst) -> None:
+        dst[:src.size] = src
+
     def fill(self, x, value: float) -> None:
         x[...] = value
 
@@ -100,6 +107,13 @@ class CudaDevice:
 
     def to_host(self, x) -> np.ndarray:
         return self.cp.asnumpy(x)
+
+    def wrap(self, view: np.ndarray) -> None:
+        """Host memory is not this GPU's: nothing is wrapped (the runtime copies)."""
+        return None
+
+    def copy(self, src, dst) -> None:
+        dst[:src.size] = src
 
     def fill(self, x, value: float) -> None:
         x.fill(value)

@@ -99,16 +99,6 @@ def test_apples_limits_hold_on_every_dispatch():
     msl.check_launch("k", 1024, 8192)
 
 
-@pytest.fixture(scope="module")
-def cpu_device(tmp_path_factory):
-    from qrgen.run.msl_devices import CpuDevice
-
-    try:
-        return CpuDevice()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.mark.parametrize("batch,m,n", [(20, 32, 32), (8, 64, 64), (4, 176, 176), (1, 4096, 32), (3, 100, 300),
                                        (12, 100, 60)])
 def test_metal_kernels_on_the_cpu_layer_pass_the_gates(cpu_device, batch, m, n):

@@ -26,16 +26,6 @@ REDUCED = [Precision("fp32", "fp16", "fp16"), Precision("fp16", "fp16", "fp16"),
            Precision("bf16", "bf16", "bf16")]
 
 
-@pytest.fixture(scope="module")
-def cpu_device():
-    from qrgen.run.msl_devices import CpuDevice
-
-    try:
-        return CpuDevice()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
 def _schedule(m, n, precision, batch=1):
     return dataclasses.replace(find(Problem(m, n, batch), APPLE)[0], precision=precision)
 
