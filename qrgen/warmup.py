@@ -8,7 +8,6 @@ import time
 from .api import keeps_q
 from .compile.nvrtc import compile_many
 from .problem import Problem
-from .run import cublas
 from .run.registry import factorizer_for
 from .targets import Target
 
@@ -44,6 +43,5 @@ def warmup(cases, *, target: Target | None = None, qr: bool = True, jobs: int | 
     if on_gpu:
         for fac in factorizers:  # from the cache just filled: loading only
             fac.functions(device)
-        cublas.wait_warm()
     return {"kernels": len(binaries), "compiled": sum(not b.cached for b in binaries),
             "seconds": time.perf_counter() - start}

@@ -165,3 +165,20 @@ def external_stream(ptr: int, device: int):
             stream = from_external(_Handle()) if from_external else cupy.cuda.ExternalStream(ptr, device)
         _EXTERNAL_STREAMS[key] = stream
     return stream
+
+
+def device_copy(src, stream, dst=None):
+    """src into dst (a new C-contiguous array where dst is None), CuPy arrays, on `stream`: one driver copy where src
+    is C-contiguous (CuPy's copy is an elementwise kernel: more host time per call, and a process's first one runs
+    NVRTC for CuPy's own cache key: docs/decisions.md#render-index), else CuPy's copy."""
+    import cupy
+
+    if dst is None:
+        dst = cupy.empty(src.shape, dtype=src.dtype)
+    if src.flags.c_contiguous:
+        if src.nbytes:
+            runtime = cupy.cuda.runtime
+            runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+    else:
+        dst[...] = src
+    return dst

@@ -256,8 +256,9 @@ def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None
             whole = nb == batch
             hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
             sc = None if src is None else (src if whole else src[b0:b0 + nb])
-            if ws.multi_block:
-                ws.flags.fill(0)
+            if ws.multi_block:  # a memset, not a CuPy kernel (docs/decisions.md#render-index)
+                cupy.cuda.runtime.memsetAsync(ws.flags.data.ptr, 0, ws.flags.nbytes,
+                                              cupy.cuda.get_current_stream().ptr)
             engine = CudaEngine(fac, ws, funcs, hc, tc, sc, stages, device_id, streams)
             drive(fac, SkipStages(engine, skip) if skip else engine)
             if q is not None:

@@ -14,8 +14,8 @@ from ..plan.planner import plan
 from ..problem import Problem
 from ..render.sources import render_all
 from ..targets import Target
-from . import cublas, replay
-from .arrays import as_device_array, on_caller_stream
+from . import replay
+from .arrays import as_device_array, device_copy, on_caller_stream
 from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function, sm_count
 from .workspace import Workspace
@@ -146,16 +146,6 @@ class Factorizer:
                  len(missing), what, job.process.pid)
 
     @property
-    def uses_cublas(self) -> bool:
-        """Whether the launch sequence calls cuBLAS (run/sequence.drive): the panels' own products where
-        panel_update is "cublas", the aggregates' products unless both are tf32x3 (whose thin or unaligned products
-        also go to cuBLAS: not counted here)."""
-        prec = self.schedule.precision
-        panels = self.schedule.panel_update == "cublas" and any(L.nc > 0 for L in self.launches)
-        merges = any(a.nc > 0 for a in self.aggregates) and not prec.project == prec.update == "tf32x3"
-        return panels or merges
-
-    @property
     def provisional(self) -> bool:
         """Whether quick binaries (a first call's) stand in while the optimized ones compile, here or in the keep
         plan made from this one (qr's)."""
@@ -207,11 +197,6 @@ class Factorizer:
         with self.lock:
             if device_id in self._functions:
                 return self._functions[device_id]
-            if self.uses_cublas:
-                import cupy
-
-                if not cupy.cuda.get_current_stream().is_capturing():  # (its thread allocates: not in a capture)
-                    cublas.warm(device_id)  # while the kernels are found and loaded; factor waits for it at its end
             if not self.binaries:
                 self.prepare(batch)
             specs = {k.name: k for k in self.kernels}
@@ -259,7 +244,7 @@ class Factorizer:
         import cupy
 
         aligned = a.flags.c_contiguous and a.data.ptr % (4 * self.direct_vec) == 0
-        src = a if aligned else a.copy(order="C")
+        src = a if aligned else device_copy(a, stream)
         q = cupy.empty((a.shape[0], self.m, self.n), dtype=cupy.float32)
         r = cupy.empty((a.shape[0], self.n, self.n), dtype=cupy.float32)
         self.launch_qr(a.device.id, a.shape[0], src.data.ptr, q.data.ptr, r.data.ptr, stream.ptr)
@@ -328,7 +313,7 @@ class Factorizer:
             h = cupy.empty(a.shape, dtype=cupy.float32)
             factor(self, h, tau, workspace, device_id, src=a, skip=skip, q=q)
         else:
-            h = a.copy(order="C")
+            h = device_copy(a, stream)
             factor(self, h, tau, workspace, device_id, skip=skip, q=q)
         return h, tau
 

@@ -27,6 +27,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from .arrays import device_copy
+
 # Inputs up to this many floats (32 MiB) replay, where the copies in and out cost the GPU less than the host's
 # launches would (docs/decisions.md#replay-limits) ...
 REPLAY_MAX_FLOATS = 1 << 23
@@ -78,25 +80,10 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
                 _capture(plan, fn, arrays, owner)
             if plan.graph:
                 for static, a in zip(plan.inputs, arrays):
-                    _copy(static, a, stream)
+                    device_copy(a, stream, static)
                 plan.graph.launch(stream)
-                return tuple(_copy(None, o, stream) for o in plan.outputs)
+                return tuple(device_copy(o, stream) for o in plan.outputs)
     return fn(stream, *arrays)
-
-
-def _copy(dst, src, stream):
-    """src into dst (a new C-contiguous array where dst is None) on `stream`: one driver copy where src is
-    C-contiguous (a CuPy copy kernel costs the host more), else CuPy's copy."""
-    import cupy
-
-    if dst is None:
-        dst = cupy.empty(src.shape, dtype=src.dtype)
-    if src.flags.c_contiguous:
-        cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice,
-                                      stream.ptr)
-    else:
-        dst[...] = src
-    return dst
 
 
 def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
