@@ -2,14 +2,15 @@
 (a "whole" panel); else rows panels on one threadgroup, the widest panel of at most 32 columns whose rows fit the
 registers of a threadgroup; where not even TSQR_WIDTH columns fit, tsqr panels of TSQR_WIDTH columns (tiles of
 TSQR_TILE rows, a threadgroup each) for as long as they do not, then rows panels of that width; aggregates of 4
-panels for wide matrices. No schedule has been tuned on an Apple GPU: this is a heuristic from the limits in
+panels for wide matrices; the trailing products' inputs in half (G's in float) for matrices of at least HALF_FROM
+rows and no more rows than columns, fp32 elsewhere. No schedule has been tuned on an Apple GPU: this is a heuristic from the limits in
 qrgen/targets/metal.py alone, and the place tuned files would take over (schedules/<family>/, as for CUDA) once an
 Apple GPU can run the tuner (docs/decisions.md#apple-defaults)."""
 from __future__ import annotations
 
 from ..plan import rows
 from ..plan.family import THREADS, register_cap
-from .model import Panel, Schedule
+from .model import Panel, Precision, Schedule
 from .panels import tsqr_panel
 
 WHOLE_SLICE = 8  # a whole Panel's slice, which Metal's whole kernel does not use (it factors column by column)
@@ -24,6 +25,9 @@ AGGREGATE_MIN_K = 128  # narrower matrices update everything from each panel
 TSQR_WIDTH = 16
 TSQR_THREADS = 256
 TSQR_TILE = 256
+# half inputs where every stress family keeps the tuner's margin (docs/decisions.md#apple-defaults)
+HALF = Precision("fp32", "fp16", "fp16")
+HALF_FROM = 1024
 
 
 def _fit(width: int, m: int, limits) -> int | None:
@@ -71,4 +75,5 @@ def panel_schedule(problem, target) -> Schedule:
             raise ValueError(f"{rows_left} rows fit neither one threadgroup's registers on {target.arch} in a rows "
                              f"panel of {w} columns nor two tsqr tiles of {TSQR_TILE} rows")
         panels.append(panel)
-    return Schedule(problem.m, problem.n, tuple(panels), aggregate=aggregate)
+    precision = HALF if HALF_FROM <= m <= problem.n else Precision()
+    return Schedule(problem.m, problem.n, tuple(panels), precision=precision, aggregate=aggregate)

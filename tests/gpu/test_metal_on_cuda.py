@@ -22,15 +22,28 @@ def device():
     return CudaDevice()
 
 
-def _every_family(device, batch, m, n):
-    from qrgen.run import metal_engine
+def _every_family(device, batch, m, n, precision=None, gates=(20, 100)):
+    """Every stress family (at least `batch` matrices) within the gates; precision: the default schedule's GEMMs
+    with these inputs. The worst (factor, orthogonality)."""
+    import dataclasses
 
+    from qrgen.problem import Problem
+    from qrgen.run import metal_engine
+    from qrgen.schedule.files import find
+    from qrgen.targets import Target
+
+    schedule = None
+    if precision is not None:
+        schedule = dataclasses.replace(find(Problem(m, n, batch), Target.parse("apple9"))[0], precision=precision)
     a, labels = mixed(m, n, max(batch, len(FAMILIES)), seed=m + n + batch)
     step = len(a) if m * n <= 1024 * 1024 else 2
+    worst = (0.0, 0.0)
     for i in range(0, len(a), step):
-        h, tau = metal_engine.geqrf(a[i:i + step], device)
-        result = check(a[i:i + step], h, tau, device="gpu")
-        assert result.ok, f"{batch}x{m}x{n} {labels[i:i + step]}: {result}"
+        h, tau = metal_engine.geqrf(a[i:i + step], device, schedule)
+        result = check(a[i:i + step], h, tau, *gates, device="gpu")
+        assert result.ok, f"{batch}x{m}x{n} {precision} {labels[i:i + step]}: {result}"
+        worst = tuple(max(w, r) for w, r in zip(worst, result.worst()))
+    return worst
 
 
 @pytest.mark.parametrize("batch,m,n", CASES)
@@ -100,3 +113,44 @@ def test_metal_q_functions_and_lstsq_on_cuda(device):
     x, _ = mr.lstsq(a, b, device)
     want = np.stack([np.linalg.lstsq(a[i].astype(np.float64), b[i], rcond=None)[0] for i in range(4)])
     assert np.abs(x - want).max() <= 1e-3 * np.abs(want).max()
+
+
+# Half inputs (fp32 G), the Apple default from 1024 rows where m <= n (schedule/apple.HALF_FROM): every family within
+# the tuner's margin (10, 50), as on the CPU layer at 1024² (decisions#apple-defaults).
+HALF = [(11, 1024, 1024), (8, 2048, 2048), (2, 4096, 4096), (2, 1024, 3000)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,m,n", HALF)
+def test_metal_half_products_on_cuda_pass_every_family_with_margin(device, batch, m, n):
+    from qrgen.schedule.model import Precision
+
+    print(_every_family(device, batch, m, n, Precision("fp32", "fp16", "fp16"), gates=(10, 50)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_metal_reduced_products_on_cuda_as_the_reference_rounds(device, precision):
+    """2048², the worst families at 1024²: the kernels' factor residual within 1.5x (+1) of the NumPy reference's
+    with the same rounding (bf16 about 25 to 40 there: over the gate, which is why no default takes bf16)."""
+    import dataclasses
+
+    import numpy as np
+
+    from qrgen.numerics import reference
+    from qrgen.numerics.stress import stress
+    from qrgen.problem import Problem
+    from qrgen.run import metal_engine
+    from qrgen.schedule.files import find
+    from qrgen.schedule.model import Precision
+    from qrgen.targets import Target
+
+    schedule = dataclasses.replace(find(Problem(2048, 2048, 1), Target.parse("apple9"))[0],
+                                   precision=Precision("fp32", precision, precision))
+    for i, family in enumerate(("rowscaled", "banded", "random")):
+        a = stress(family, 2048, 2048, 1, seed=i)
+        got = check(a, *metal_engine.geqrf(a, device, schedule), device="gpu")
+        want = check(a, *reference.geqrf(a, schedule, dtype=np.float32))
+        print(family, got.worst(), want.worst())
+        assert np.isfinite(got.factor).all() and got.worst()[1] <= 100
+        assert got.worst()[0] <= 1.5 * want.worst()[0] + 1, f"{family}: {got} against the reference's {want}"
