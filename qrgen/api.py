@@ -35,8 +35,8 @@ def geqrf(a, *, precision: str | None = None):
         if out is not None:
             return out
     check_precision(precision)
-    if metal_runtime.takes(a):  # MLX arrays, torch tensors on "mps": the Metal backend (fp32 throughout)
-        return metal_runtime.geqrf(a)
+    if metal_runtime.takes(a):  # MLX arrays, torch tensors on "mps": the Metal backend
+        return metal_runtime.geqrf(a, precision=precision)
     arr = as_device_array(a)
     data = arr.data
     if data.ndim < 2:
@@ -170,7 +170,7 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_precision(precision)
     if metal_runtime.takes(a):
-        return metal_runtime.qr(a, mode)
+        return metal_runtime.qr(a, mode, precision=precision)
     arr = _arrays(a=a)["a"]
     data = arr.data
     m, n = data.shape[-2:]
@@ -231,7 +231,7 @@ def lstsq(a, b, *, precision: str | None = None, factorizer=None):
     for qrgen.geqrf (the error of x grows with a's condition number times the factorization's backward error)."""
     check_precision(precision)
     if metal_runtime.takes(a):
-        return metal_runtime.lstsq(a, b)
+        return metal_runtime.lstsq(a, b, precision=precision)
     arrs = _arrays(a=a, b=b)
     ad, bd = arrs["a"].data, arrs["b"].data
     m, n = ad.shape[-2:]

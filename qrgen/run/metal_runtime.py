@@ -12,6 +12,7 @@ tell; a non-contiguous input; memory Metal will not wrap) and in the other funct
 out."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -20,6 +21,7 @@ import numpy as np
 from ..problem import Problem
 from ..schedule import apple
 from ..schedule.files import find
+from ..schedule.model import Precision
 from ..targets import Target
 from . import metal_engine, metal_q
 
@@ -75,14 +77,19 @@ def _target(device, target: Target | None) -> Target:
     return target or Target("metal", getattr(device, "family", metal_engine.APPLE.arch))
 
 
-def factorizer(m: int, n: int, batch: int, device, target: Target | None = None, keep: bool = False):
+def factorizer(m: int, n: int, batch: int, device, target: Target | None = None, keep: bool = False,
+               precision: str | None = None):
+    """The Metal factorizer of a shape on a device, made once; precision "fp32": its schedule with every product's
+    inputs in fp32 (None: as the schedule says)."""
     target = _target(device, target)
-    key = (m, n, batch, target, keep, id(device))
+    key = (m, n, batch, target, keep, id(device), precision)
     fac = _FACTORIZERS.get(key)
     if fac is None:
         schedule, _ = find(Problem(m, n, batch), target)
         if keep and any(p.variant == "whole" for p in schedule.panels):  # keeps no reflectors for Q
             schedule = apple.panel_schedule(Problem(m, n, batch), target)
+        if precision == "fp32":
+            schedule = dataclasses.replace(schedule, precision=Precision())
         fac = _FACTORIZERS[key] = metal_engine.MetalFactorizer(schedule, device, target, keep)
     return fac
 
@@ -113,7 +120,7 @@ def _new(a, shape: tuple):
     return None
 
 
-def _geqrf_in_place(a, dev, target, fac):
+def _geqrf_in_place(a, dev, target, fac, precision):
     """geqrf without host copies (the module's docstring), or None where the memory cannot be wrapped."""
     view = _view(a)
     if view is None or view.ndim < 2 or 0 in view.shape:
@@ -129,7 +136,7 @@ def _geqrf_in_place(a, dev, target, fac):
     src, h, tau = dev.wrap(view), dev.wrap(h_view), dev.wrap(tau_view)
     if src is None or h is None or tau is None:
         return None
-    fac = fac or factorizer(m, n, nb, dev, target)
+    fac = fac or factorizer(m, n, nb, dev, target, precision=precision)
     dev.copy(src, h)
     metal_engine.factor_in(fac, h, tau, nb)
     dev.synchronize()
@@ -145,33 +152,33 @@ def _batched(a):
     return host.reshape(math.prod(lead), m, n), lead, back
 
 
-def geqrf(a, device=None, target: Target | None = None, fac=None):
+def geqrf(a, device=None, target: Target | None = None, fac=None, precision: str | None = None):
     """(h, tau) of a (..., m, n) float32 array on the Metal GPU, of the input's kind (fac: a factorizer of a
-    generated module, for its shape)."""
+    generated module, for its shape; precision: as qrgen.geqrf's)."""
     dev = fac.device if fac is not None else metal_device(device)
-    done = _geqrf_in_place(a, dev, target, fac)
+    done = _geqrf_in_place(a, dev, target, fac, precision)
     if done is not None:
         return done
     x, lead, back = _batched(a)
     if fac is not None and (fac.m, fac.n) != x.shape[1:]:
         raise ValueError(f"this module factors {fac.m}x{fac.n} matrices; got {x.shape[1]}x{x.shape[2]}")
-    fac = fac or factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target)
+    fac = fac or factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target, precision=precision)
     h, tau = metal_engine.geqrf(x, dev, fac.schedule, fac.target, factorizer=fac)
     return back(h.reshape(lead + h.shape[1:])), back(tau.reshape(lead + tau.shape[1:]))
 
 
-def qr(a, mode: str = "reduced", device=None, target: Target | None = None):
+def qr(a, mode: str = "reduced", device=None, target: Target | None = None, precision: str | None = None):
     """numpy.linalg.qr's "reduced", "complete" and "r" modes on the Metal GPU, of the input's kind."""
     if mode not in ("reduced", "complete", "r"):
         raise ValueError(f"qrgen.qr on Metal takes mode 'reduced', 'complete' or 'r'; got {mode!r}")
     x, lead, back = _batched(a)
     dev = metal_device(device)
     if mode == "r":
-        fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target)
+        fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target, precision=precision)
         h, _ = metal_engine.geqrf(x, dev, fac.schedule, fac.target, factorizer=fac)
         k = min(x.shape[1:])
         return back(np.triu(h[:, :k, :]).reshape(lead + (k, x.shape[2])))
-    fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target, keep=True)
+    fac = factorizer(x.shape[1], x.shape[2], x.shape[0], dev, target, keep=True, precision=precision)
     q, r = metal_engine.qr(x, dev, fac.schedule, fac.target, complete=mode == "complete", factorizer=fac)
     return back(q.reshape(lead + q.shape[1:])), back(r.reshape(lead + r.shape[1:]))
 
@@ -219,7 +226,7 @@ def ormqr(h, tau, c, side: str = "L", transpose: bool = False, device=None, targ
     return back(np.ascontiguousarray(out).reshape(lead + out.shape[1:]))
 
 
-def lstsq(a, b, device=None, target: Target | None = None):
+def lstsq(a, b, device=None, target: Target | None = None, precision: str | None = None):
     """Least squares for full-rank tall or square a (..., m, n), b (..., m) or (..., m, p): (x, residual), the
     residual the squared norm of a x - b per right-hand side."""
     x3, lead, back = _batched(a)
@@ -234,7 +241,7 @@ def lstsq(a, b, device=None, target: Target | None = None):
     rhs = np.ascontiguousarray(bh.reshape(nb, m, -1), dtype=np.float32)
     p = rhs.shape[2]
     dev = metal_device(device)
-    fac = factorizer(m, n, nb, dev, target)
+    fac = factorizer(m, n, nb, dev, target, precision=precision)
     engine = metal_engine.factor(fac, x3)
     hd, td = engine.buffers["h"], engine.buffers["tau"]
     yd = dev.array(rhs.reshape(-1))
