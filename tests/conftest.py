@@ -41,3 +41,14 @@ def _own_user_schedule_folder(tmp_path_factory):
     # the quick tier has tests of its own (tests/cpu/test_first_calls.py, tests/gpu/test_first_calls_gpu.py).
     os.environ.setdefault("QRGEN_FIRST_CALL", "wait")
     yield
+
+
+@pytest.fixture(scope="session")
+def cpu_device():
+    """The Metal kernels' CPU translation layer (run/msl_devices.CpuDevice), standing in for a Mac's GPU."""
+    from qrgen.run.msl_devices import CpuDevice
+
+    try:
+        return CpuDevice()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
