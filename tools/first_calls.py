@@ -25,6 +25,17 @@ import tempfile
 import time
 
 
+def worker_result(script: str, args: list, env: dict, cwd, label: str) -> dict | None:
+    """The JSON result (the last line of its output) of `script --worker ARGS` in a fresh process, or None after
+    printing its error where it failed."""
+    run = subprocess.run([sys.executable, script, "--worker", *args], env=env, cwd=cwd, capture_output=True,
+                         text=True)
+    if run.returncode:
+        print(f"{label}: failed\n{run.stderr[-3000:]}", flush=True)
+        return None
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def _calls_us(fn, sync, reps: int = 5) -> float:
     times = []
     for _ in range(reps):
@@ -109,12 +120,9 @@ def main() -> int:
                 # NVRTC 12.9+ also keeps what it compiles in the driver's compute cache: cold means both empty
                 env = {**os.environ, "QRGEN_CACHE_DIR": folder, "CUDA_CACHE_PATH": folder + "-driver",
                        "QRGEN_FIRST_CALL": mode}
-                run = subprocess.run([sys.executable, __file__, "--worker", text, phase], env=env, cwd=root,
-                                     capture_output=True, text=True)
-                if run.returncode:
-                    print(f"{text} {phase}: failed\n{run.stderr[-3000:]}", flush=True)
+                result = worker_result(__file__, [text, phase], env, root, f"{text} {phase}")
+                if result is None:
                     continue
-                result = json.loads(run.stdout.strip().splitlines()[-1])
                 results.append(result)
                 print(json.dumps(result), flush=True)
     if args.out:

@@ -17,9 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
+
+from tools.first_calls import worker_result
 
 # (label, file suffix, function) whose cumulative time a profiled first call reports; a label sums its functions
 PARTS = (
@@ -111,12 +112,10 @@ def main() -> int:
                    "CUDA_CACHE_PATH": os.path.join(folder, "driver"), "QRGEN_FIRST_CALL": "wait"}
             runs = []
             for mode in ["fill"] + ["time"] * args.repeat + ["profile"]:
-                run = subprocess.run([sys.executable, __file__, "--worker", text, mode], env=env, cwd=root,
-                                     capture_output=True, text=True)
-                if run.returncode:
-                    print(f"{text} {mode}: failed\n{run.stderr[-3000:]}", flush=True)
+                result = worker_result(__file__, [text, mode], env, root, f"{text} {mode}")
+                if result is None:
                     break
-                runs.append((mode, json.loads(run.stdout.strip().splitlines()[-1])))
+                runs.append((mode, result))
             else:
                 times = [r["first_call_s"] for mode, r in runs if mode == "time"]
                 result = {"case": text, "filled": runs[0][1], "first_call_s": times,
