@@ -27,7 +27,7 @@ TSQR_THREADS = 256
 TSQR_TILE = 256
 # half inputs where every stress family keeps the tuner's margin (docs/decisions.md#apple-defaults)
 HALF = Precision("fp32", "fp16", "fp16")
-HALF_FROM = 1024
+HALF_FROM = 2048
 
 
 def _fit(width: int, m: int, limits) -> int | None:

@@ -129,12 +129,13 @@ def test_reduced_inputs_on_every_family_match_the_reference(cpu_device, precisio
 
 
 def test_precision_fp32_runs_the_default_half_schedule_from_float_inputs(cpu_device):
-    """1024 x 1024 takes half inputs by default (schedule/apple.HALF_FROM); precision="fp32" the same panels with
-    every product from float inputs, and no scale."""
+    """2048 x 2048 takes half inputs by default (schedule/apple.HALF_FROM), 1024 x 1024 not; precision="fp32" the
+    same panels with every product from float inputs, and no scale."""
     from qrgen.run import metal_runtime
 
-    half = metal_runtime.factorizer(1024, 1024, 1, cpu_device)
-    fp32 = metal_runtime.factorizer(1024, 1024, 1, cpu_device, precision="fp32")
+    assert metal_runtime.factorizer(1024, 1024, 1, cpu_device).schedule.precision == Precision()
+    half = metal_runtime.factorizer(2048, 2048, 1, cpu_device)
+    fp32 = metal_runtime.factorizer(2048, 2048, 1, cpu_device, precision="fp32")
     assert half.schedule.precision == Precision("fp32", "fp16", "fp16") and half.schedule.scaled
     assert fp32.schedule == dataclasses.replace(half.schedule, precision=Precision())
     assert not any(k.endswith(("_fp16", "_bf16")) or k == "qr_scale" for k in fp32.kernels)
