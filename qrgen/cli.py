@@ -116,8 +116,7 @@ def parser() -> argparse.ArgumentParser:
                    help="minimize time and the worst scaled residual together and print the Pareto front")
     t.add_argument("--cost-model", action="store_true", help="search over the cost model even where a GPU is present")
     t.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    t.add_argument("--with-cols", action="store_true",
-                   help="also search the cols panel kernel (correct on the GPU, slower than lanes where timed)")
+    t.add_argument("--with-cols", action="store_true", help=argparse.SUPPRESS)  # cols is searched by default now
 
     w = sub.add_parser("warmup", help="compile ahead the kernels of a list of problems into the kernel cache",
                        description="Compile, in parallel over all of them, every kernel that qrgen.geqrf and "
@@ -168,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
         from .build import build
         from .tune.evaluate import ModelEvaluator
         from .tune.search import tune_and_save
-        from .tune.space import ALL_FAMILIES, FAMILIES
 
         m, n = args.shape
         try:
@@ -188,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
                                           getattr(args, "multi_objective", False), args.schedules,
                                           getattr(args, "seed", 0),
                                           evaluator=ModelEvaluator(problem) if cost_model else None,
-                                          families=ALL_FAMILIES if getattr(args, "with_cols", False) else FAMILIES,
                                           time_limit=getattr(args, "time_limit", None))
                 interrupted = result.interrupted
             if args.command == "build" and not interrupted:

@@ -1,15 +1,14 @@
 """A cols panel as the whole factorization of square matrices (the seed's one-kernel design), timed and traced column
 by column, with source variants of its producer and consumers (needs a CUDA GPU).
 
-    python3 tools/cols_trace.py 40x176 --variant shipped --variant seed-producer --variant seed-producer+pairs --trace
+    python3 tools/cols_trace.py 40x176 --variant shipped --variant selects --variant butterfly --variant noskip --trace
 
 A case is BATCHxN: one cols panel N columns wide over N x N matrices (slice 8: 32 * N / 8 threads; --slice to
 change). Each variant is the rendered kernel (templates/cuda/panel_cols.cuh) with text replaced:
-  shipped        as rendered;
-  seed-producer  a producer that builds its reflector from one single-value reduction of the norm, publishes it,
-                 then updates its own later columns one at a time (one single-value reduction each), as the seed
-                 does; the shipped producer reduces the norm and the dots with its other columns in one butterfly;
-  pairs          consumers reduce and update their columns two at a time (the seed's order), not all at once;
+  shipped    as rendered;
+  selects    the producer's reflector without branches (make_reflector<true>; it spills at 11 slots a lane);
+  butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
+  noskip     consumers multiply every slot, also those above the reflector's first row;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
 kernel then runs a little slower, its time is printed too): cycles column to column inside a warp and from one
@@ -34,88 +33,25 @@ from qrgen.render.sources import render_all
 from qrgen.schedule.model import Panel, Schedule
 from qrgen.targets import Target
 
-PRODUCER_START = ("  // Reflector of own column I (panel column col), applied at once to own columns I+1..S-1, then "
-                  "published.")
-PRODUCER_END = "  template <int I>\n  __device__ __forceinline__ void produce_all()"
-SEED_PRODUCER = """  template <int I>
-  __device__ __forceinline__ void produce() {
-    const int col = warp * S + I;
-    if (col >= NB) return;
-    float sig = 0.0f, piv = 0.0f;
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = s * 32 + lane;
-      const float a = r > col ? x[s][I] : 0.0f;
-      sig = fmaf(a, a, sig);
-      piv = r == col ? x[s][I] : piv;
-    }
-    const Reflector f = make_reflector(warp_shuffle(piv, col & 31), warp_sum(sig));
-    float v[SLOTS];
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = s * 32 + lane;
-      v[s] = r > col ? x[s][I] * f.scale : (r == col ? 1.0f : 0.0f);
-      x[s][I] = r > col ? v[s] : (r == col ? f.beta : x[s][I]);
-      vs[col * RS + r] = r < mp ? v[s] : 0.0f;
-    }
-    if (lane == 0) taus[col] = f.tau;
-    mbar_arrive(bars + col);
-#pragma unroll
-    for (int k = I + 1; k < S; ++k) {
-      float d = 0.0f;
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) d = fmaf(v[s], x[s][k], d);
-      d = warp_sum(d) * f.tau;
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
-    }
-  }
-
-"""
-CONSUMER_START = "    float d[S];\n#pragma unroll\n    for (int k = 0; k < S; ++k) d[k] = 0.0f;\n"
-CONSUMER_END = "      for (int k = 0; k < S; ++k) x[s][k] = fmaf(-d[k], v[s], x[s][k]);\n    }\n"
-PAIRS_CONSUMER = """#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) v[s] = vs[c * RS + s * 32 + lane];
-#pragma unroll
-    for (int k0 = 0; k0 < S; k0 += 2) {
-      float d[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) d[k] = fmaf(v[s], x[s][k0 + k], d[k]);
-      warp_sum(d);
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) x[s][k0 + k] = fmaf(-d[k] * tau, v[s], x[s][k0 + k]);
-    }
-"""
+SELECTS = ("make_reflector(warp_shuffle", "make_reflector<true>(warp_shuffle")
+SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
+SCATTER_END = "      d[0] = upper ? other : d[0];\n"
+SKIP = "for (int s = J; s < SLOTS; ++s)"
 PUBLISHED = "    mbar_arrive(bars + col);\n"
 TRACE_BUFFER = "__device__ unsigned qr_trace_clock[64 * 1024];\n"
-VARIANTS = ("shipped", "seed-producer", "pairs")
+VARIANTS = ("shipped", "selects", "butterfly", "noskip")
 
 
-def _between(source: str, start: str, end: str, new: str, keep_end: bool) -> str:
-    if start not in source or end not in source[source.index(start):]:
+def _replace(source: str, old: str, new: str) -> str:
+    if old not in source:
         raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
-    i = source.index(start)
-    j = source.index(end, i) + (0 if keep_end else len(end))
-    return source[:i] + new + source[j:]
-
-
-# The planner's register estimate refuses 176 rows on 22 warps, which NVRTC fits in their 80 registers without
-# spilling (benchmarks/journal/2026-12-03-s33.md); the tool plans with a smaller allowance.
-TOOL_REG_OVERHEAD = 18
+    return source.replace(old, new)
 
 
 def kernel(n: int, slice_: int, target: Target = Target()):
     """The rendered cols kernel that factors an n x n matrix alone, and its shared memory in bytes."""
     panel = Panel(n, "cols", threads=32 * -(-n // slice_), slice=slice_)
-    kept, cols.REG_OVERHEAD = cols.REG_OVERHEAD, TOOL_REG_OVERHEAD
-    try:
-        (rendered,) = render_all(Schedule(n, n, (panel,)), target)
-    finally:
-        cols.REG_OVERHEAD = kept
+    (rendered,) = render_all(Schedule(n, n, (panel,)), target)
     return rendered, cols.shared_bytes(panel, n, False, n, n)
 
 
@@ -124,10 +60,15 @@ def variant_source(source: str, variant: str) -> str:
     for part in variant.split("+"):
         if part not in VARIANTS:
             raise ValueError(f"variant parts are {VARIANTS}, got {part!r}")
-        if part == "seed-producer":
-            source = _between(source, PRODUCER_START, PRODUCER_END, SEED_PRODUCER, keep_end=True)
-        elif part == "pairs":
-            source = _between(source, CONSUMER_START, CONSUMER_END, PAIRS_CONSUMER, keep_end=False)
+        if part == "selects":
+            source = _replace(source, *SELECTS)
+        elif part == "butterfly":
+            if SCATTER_START not in source or SCATTER_END not in source:
+                raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
+            i = source.index(SCATTER_START)
+            source = source[:i] + "      warp_sum(d);\n" + source[source.index(SCATTER_END, i) + len(SCATTER_END):]
+        elif part == "noskip":
+            source = _replace(source, SKIP, "for (int s = 0; s < SLOTS; ++s)")
     return source
 
 

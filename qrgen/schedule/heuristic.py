@@ -36,6 +36,9 @@ REACH_MAX_BATCH = 4  # Schedule.reach for lookahead schedules of at most this ma
 WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs/decisions.md#whole-default) ...
 WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
 WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
+COLS_FROM = 128  # the factorization in one cols panel (one block a matrix) from this many columns ...
+COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs: docs/decisions.md#cols-default)
+COLS_SLICE = 8
 
 
 @dataclass(frozen=True)
@@ -155,12 +158,28 @@ def default_whole(problem: Problem) -> Panel | None:
     return Panel(problem.k, "whole", threads, slice=slice_)
 
 
+def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
+    """The default's one cols panel over all n columns (COLS_FROM, COLS_MAX_BATCH, n <= m) where the target fits it in
+    one block, or None."""
+    from ..plan.planner import check
+
+    n = problem.n
+    if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= problem.m or -(-n // COLS_SLICE) * 32 > 1024:
+        return None
+    panel = Panel(n, "cols", 32 * -(-n // COLS_SLICE), slice=COLS_SLICE)
+    try:
+        check(Schedule(problem.m, n, (panel,)), target)
+    except ValueError:
+        return None
+    return panel
+
+
 def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
     if target.record.heuristic:  # a backend with its own (Metal: schedule/apple.py)
         return importlib.import_module(target.record.heuristic).default_schedule(problem, target)
-    whole = default_whole(problem)
-    if whole is not None:
-        return Schedule(problem.m, problem.n, (whole,))
+    one = default_whole(problem) or default_cols(problem, target)
+    if one is not None:
+        return Schedule(problem.m, problem.n, (one,))
     choices = default_choices(problem, target=target)
     cluster, aggregate = choices.cluster, choices.aggregate
     many = default_many(problem)

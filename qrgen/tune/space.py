@@ -14,6 +14,7 @@ from ..schedule.heuristic import (
     MANY_WIDTH,
     TSQR_PANEL,
     default_choices,
+    default_cols,
     default_many,
     default_reach,
     default_tsqr,
@@ -62,7 +63,7 @@ WIDE_CLUSTER_MAX_BATCH = 4  # an early lanes trial on clusters of 16 (schedule.M
 LANES_SLOTS = ("auto", 4, 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 
 
-COLS_WIDTHS = (32, 48, 64, 96, 128)
+COLS_WIDTHS = (32, 48, 64, 96, 128, "all")  # "all": every column left, one panel where it fits
 
 
 COLS_SLICES = (2, 4, 8)
@@ -83,12 +84,11 @@ LOOKAHEADS = (0, 2, 32)  # Schedule.lookahead (waves per side piece; 0 off), wit
 REACHES = (False, True)  # Schedule.reach, with lookahead
 
 
-# Panel kernel families searched by default; "cols" (correct, slower than lanes and rows where timed) with --with-cols
-# (docs/decisions.md#tune-families).
-FAMILIES = ("rows", "lanes", "tsqr", "whole")
-
-
+# Panel kernel families searched (docs/decisions.md#tune-families).
 ALL_FAMILIES = ("rows", "cols", "lanes", "tsqr", "whole")
+
+
+FAMILIES = ALL_FAMILIES
 
 
 # whole: the factorization in one kernel per matrix (fp32, no aggregates), with its threads and panel width, and its
@@ -124,10 +124,14 @@ DEFAULT_PARAMS = {"family": "rows", "head_share": 1.0, "rows_head": "auto", "clu
 
 def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
-    clustered=False: the heuristic without clusters (and without a whole kernel: default_whole)."""
+    clustered=False: the heuristic without clusters (and without one kernel a matrix: default_whole, default_cols)."""
     whole = default_whole(problem) if clustered else None
     if whole is not None:
         return _whole_params(whole.threads, whole.slice)
+    cols = default_cols(problem) if clustered else None
+    if cols is not None:
+        base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster")}
+        return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice}
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -186,7 +190,7 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
             panel = (tsqr_panel(rows, remaining, params[f"tsqr_{phase}"], params["tsqr_threads"], params["tsqr_tile"])
                      or default_panel(rows, remaining))
         elif family == "cols":
-            width = min(params[f"cols_{phase}"], remaining)
+            width = remaining if params[f"cols_{phase}"] == "all" else min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
             panel = Panel(width, "cols", 32 * math.ceil(width / slice_), 1, slice_)
         else:
@@ -252,14 +256,15 @@ def variations(problem: Problem) -> list[dict]:
     """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
     sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
     reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
-    20, tuning margin 10). For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's
+    20, tuning margin 10). Where the default is one kernel a matrix (whole, cols), the default without it. For up to 16
+    matrices, rows panels on clusters of 8 and of 4 blocks (the default's
     aggregates and precisions), then clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8
     (16 and 32 rows per warp; for up to WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default
     has clusters, the default without them; where it has warp or rows panels, the other column loop; with
     aggregates, the other lookaheads (and with its lookahead, the other reach)."""
     params = default_params(problem)
     found = []
-    if params["family"] == "whole":  # the default without it, and the other whole kernels
+    if params["family"] in ("whole", "cols"):  # the default without its one kernel a matrix (and the other whole ones)
         found.append(default_params(problem, clustered=False))
     if problem.k <= 128:
         found += [_whole_params(t, s) for t, s in WHOLE_VARIATIONS

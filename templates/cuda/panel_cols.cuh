@@ -7,6 +7,7 @@ template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool
 struct ColsPanel {
   static constexpr int WARPS = cdiv(NB, S);
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
+  static_assert(S % 2 == 0, "consumers take their columns in pairs");
 
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
   float* taus;                // [NB]
@@ -17,78 +18,79 @@ struct ColsPanel {
   long long vbs;  // V^T: leading dimension vld, vbs floats per matrix
   float x[SLOTS][S];
 
-  // Apply reflector c (published by an earlier warp) to this warp's columns.
+  // Apply reflector c (published by an earlier warp) to this warp's columns, two at a time: two sums by
+  // reduce-scatter (6 shuffles) keep their temporaries in registers beside the columns. Rows above c are zero in
+  // the reflector: slots below J (c >= 32 J) hold none of its rows and are skipped.
+  template <int J>
   __device__ __forceinline__ void consume(int c) {
     mbar_wait(bars + c, 0);
     const float tau = taus[c];
     float v[SLOTS];
-    float d[S];
 #pragma unroll
-    for (int k = 0; k < S; ++k) d[k] = 0.0f;
+    for (int s = J; s < SLOTS; ++s) v[s] = vs[c * RS + s * 32 + lane];
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      v[s] = vs[c * RS + s * 32 + lane];
+    for (int k0 = 0; k0 < S; k0 += 2) {
+      float d[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int k = 0; k < S; ++k) d[k] = fmaf(v[s], x[s][k], d[k]);
-    }
-    warp_sum(d);
+      for (int s = J; s < SLOTS; ++s)
 #pragma unroll
-    for (int k = 0; k < S; ++k) d[k] *= tau;
+        for (int k = 0; k < 2; ++k) d[k] = fmaf(v[s], x[s][k0 + k], d[k]);
+      reduce_scatter<16, 2>(d, lane);  // lanes 0-15 hold the first sum, 16-31 the second
+      const float other = warp_shuffle_xor(d[0], 16);
+      const bool upper = (lane & 16) != 0;
+      d[1] = upper ? d[0] : other;
+      d[0] = upper ? other : d[0];
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
+      for (int s = J; s < SLOTS; ++s)
 #pragma unroll
-      for (int k = 0; k < S; ++k) x[s][k] = fmaf(-d[k], v[s], x[s][k]);
+        for (int k = 0; k < 2; ++k) x[s][k0 + k] = fmaf(-d[k] * tau, v[s], x[s][k0 + k]);
     }
   }
 
-  // Reflector of own column I (panel column col), applied at once to own columns I+1..S-1, then published.
+  // Reflectors 32 J .. end - 1 (end: this warp's first column), slot by slot.
+  template <int J>
+  __device__ __forceinline__ void consume_all(int end) {
+    const int last = min(end, 32 * J + 32);
+    for (int c = 32 * J; c < last; ++c) consume<J>(c);
+    if constexpr (J + 1 < SLOTS) {
+      if (last < end) consume_all<J + 1>(end);
+    }
+  }
+
+  // Reflector of own column I (panel column col) from one reduction of its norm, published at once, then applied to
+  // own columns I+1..S-1 one at a time, the next column (the next reflector's) first.
   template <int I>
   __device__ __forceinline__ void produce() {
     const int col = warp * S + I;
     if (col >= NB) return;
-    float p[S - I];  // p[0]: sigma; p[k - I]: dot with own column k (rows below col)
-    float piv[S - I];  // row col of own columns I..S-1
-#pragma unroll
-    for (int k = 0; k < S - I; ++k) p[k] = piv[k] = 0.0f;
+    float sig = 0.0f, piv = 0.0f;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = s * 32 + lane;
       const float a = r > col ? x[s][I] : 0.0f;
-      p[0] = fmaf(a, a, p[0]);
-#pragma unroll
-      for (int k = I + 1; k < S; ++k) p[k - I] = fmaf(a, x[s][k], p[k - I]);
-      if (r == col) {
-#pragma unroll
-        for (int k = I; k < S; ++k) piv[k - I] = x[s][k];
-      }
+      sig = fmaf(a, a, sig);
+      piv = r == col ? x[s][I] : piv;
     }
-    warp_sum(p);
-    const int owner = col & 31;
-#pragma unroll
-    for (int k = 0; k < S - I; ++k) piv[k] = warp_shuffle(piv[k], owner);
-    const Reflector f = make_reflector(piv[0], p[0]);
-    float fk[S];
-#pragma unroll
-    for (int k = I + 1; k < S; ++k) fk[k] = f.tau * fmaf(f.scale, p[k - I], piv[k - I]);
+    const Reflector f = make_reflector(warp_shuffle(piv, col & 31), warp_sum(sig));
+    float v[SLOTS];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = s * 32 + lane;
-      float v = 0.0f;
-      if (r > col) {
-        v = x[s][I] * f.scale;
-        x[s][I] = v;
-#pragma unroll
-        for (int k = I + 1; k < S; ++k) x[s][k] = fmaf(-fk[k], v, x[s][k]);
-      } else if (r == col) {
-        v = 1.0f;
-        x[s][I] = f.beta;
-#pragma unroll
-        for (int k = I + 1; k < S; ++k) x[s][k] -= fk[k];
-      }
-      vs[col * RS + r] = r < mp ? v : 0.0f;
+      v[s] = r > col ? x[s][I] * f.scale : (r == col ? 1.0f : 0.0f);
+      x[s][I] = r > col ? v[s] : (r == col ? f.beta : x[s][I]);
+      vs[col * RS + r] = r < mp ? v[s] : 0.0f;
     }
     if (lane == 0) taus[col] = f.tau;
     mbar_arrive(bars + col);
+#pragma unroll
+    for (int k = I + 1; k < S; ++k) {
+      float d = 0.0f;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) d = fmaf(v[s], x[s][k], d);
+      d = warp_sum(d) * f.tau;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
+    }
   }
 
   template <int I>
@@ -116,7 +118,7 @@ struct ColsPanel {
         }
       }
     }
-    for (int c = 0; c < warp * S; ++c) consume(c);
+    consume_all<0>(warp * S);
     produce_all<0>();
     block_barrier();
 

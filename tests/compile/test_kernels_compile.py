@@ -240,14 +240,13 @@ def test_lanes_phases_tool_instruments_the_current_template(rows, slots, blocks)
 
 
 def test_cols_trace_tool_patches_the_current_template():
-    # the cols_trace tool replaces the cols kernel's producer and consumer by text and stores a clock per column:
-    # every anchor must still be there (it raises otherwise); its seed-style producer, alone and with pairs of
-    # consumers, compiles without spills at 176 rows on 22 warps (traced too).
+    # the cols_trace tool replaces parts of the cols kernel by text and stores a clock per column: every anchor must
+    # still be there (it raises otherwise); each variant compiles without spills at 176 rows on 22 warps (traced too).
     script = _tool("cols_trace.py")
     rendered, shared = script.kernel(176, 8, SM90)
     assert shared > 48 * 1024
     items = []
-    for variant in ("seed-producer", "seed-producer+pairs"):
+    for variant in ("selects", "butterfly", "noskip", "selects+butterfly+noskip"):
         source = script.variant_source(rendered.source, variant)
         assert source != rendered.source
         items += [(f"{rendered.name}_{len(items)}", source),
@@ -256,6 +255,22 @@ def test_cols_trace_tool_patches_the_current_template():
     for binary in compile_many(items, SM90, use_cache=False):
         assert binary.spill_bytes == 0, binary.name
     with pytest.raises(ValueError, match="template changed"):
-        script.variant_source("no kernel here", "pairs")
+        script.variant_source("no kernel here", "butterfly")
     with pytest.raises(ValueError, match="variant parts"):
         script.variant_source(rendered.source, "fastest")
+
+
+def test_cols_panels_the_planner_admits_compile_without_spills():
+    # plan/cols.REG_OVERHEAD is the fewest registers ptxas fits beside the columns under the cap: panels it admits
+    # at the edge of the cap, alone and ahead of a trailing update, compile without spilling.
+    items = []
+    for m, n, width, slice_ in ((192, 192, 192, 8), (176, 176, 176, 8), (176, 176, 128, 4), (352, 352, 96, 4),
+                                (352, 352, 64, 2), (512, 512, 64, 8)):
+        panel = Panel(width, "cols", threads=32 * -(-width // slice_), slice=slice_)
+        rest = tuple(lanes_panel(m - c, min(32, n - c)) for c in range(width, n, 32))
+        schedule = Schedule(m, n, (panel,) + rest)
+        plan(schedule, SM90)
+        (kernel,) = [r for r in render_all(schedule, SM90) if r.name.startswith("qr_cols")]
+        items.append((f"{kernel.name}_{m}", kernel.source.replace(kernel.name, f"{kernel.name}_{m}")))
+    for binary in compile_many(items, SM90, use_cache=False):
+        assert binary.spill_bytes == 0 and binary.stack_bytes == 0, binary

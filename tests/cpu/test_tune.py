@@ -43,6 +43,24 @@ def test_default_params_give_the_default_whole_schedule(m, n, batch):
         assert default_params(problem, clustered=False) in variations(problem)
 
 
+@pytest.mark.parametrize("m,n,batch", [(176, 176, 40), (128, 128, 1), (192, 160, 132), (176, 176, 133), (127, 127, 40),
+                                       (256, 256, 40), (160, 176, 40)])
+def test_default_params_give_the_default_cols_schedule(m, n, batch):
+    """Few matrices (at most one block each per SM) of 128 to 192 columns, n <= m, take one cols panel over all
+    columns by default (schedule.heuristic.default_cols, where it fits one block); the tuner's first trial is the same
+    point and the default without it among its early variations."""
+    from qrgen.schedule.heuristic import COLS_FROM, COLS_MAX_BATCH
+
+    problem = Problem(m, n, batch)
+    schedule = default_schedule(problem)
+    assert schedule_from_params(problem, default_params(problem)) == schedule
+    cols = schedule.panels[0].variant == "cols"
+    assert cols == (batch <= COLS_MAX_BATCH and COLS_FROM <= n <= m and m <= 192)
+    if cols:
+        assert schedule.panels == (Panel(n, "cols", 32 * -(-n // 8), slice=8),)
+        assert default_params(problem, clustered=False) in variations(problem)
+
+
 def test_whole_family_is_sampled_and_rejected_where_it_does_not_fit():
     problem = Problem(64, 64, 100)
     study = optuna.create_study()
@@ -498,7 +516,7 @@ def test_final_round_keeps_a_faster_schedule_file(tmp_path, existing_faster, fil
 def test_tf32x3_that_no_product_takes_is_written_as_fp32():
     """A point whose tf32x3 stages no product can take (no aggregate with columns right of it, no panel 64 wide)
     is the fp32 schedule, so the tuner measures it once; with trailing aggregates tf32x3 stays."""
-    params = {**default_params(Problem(176, 176, 40)), "project": "tf32x3", "update": "tf32x3"}
+    params = {**default_params(Problem(176, 176, 40), clustered=False), "project": "tf32x3", "update": "tf32x3"}
     for aggregate in (0, 256):
         s = schedule_from_params(Problem(176, 176, 40), {**params, "aggregate": aggregate})
         assert (s.precision.project, s.precision.update) == ("fp32", "tf32x3" if aggregate else "fp32")
