@@ -89,6 +89,9 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
                           fam.spec_shared(panel, rows, trail, schedule.m, schedule.n), (), panel.cluster, panel.loop)
+        if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:
+            raise ValueError(f"Schedule.panels[{index}] keeps its reflectors for Q with {spec.shared_bytes} bytes of "
+                             f"shared memory; the budget is {target.limits.shared_bytes}: no keep plan")
         keys.setdefault(spec, []).append(c0)
         # flag arrivals per block (multi-block panels without a cluster): one per column, one more for G
         barriers = 0 if panel.cluster or whole else panel.width + (1 if panel.width >= 2 and trail else 0)

@@ -314,3 +314,15 @@ def test_a_tuned_file_serves_the_batches_near_its_own(tmp_path, monkeypatch):
     mine = save(base, Problem(1024, 1024, 60), target, {"origin": "test"})
     assert mine == root / "sm_90" / "1024x1024_b60.json" and lookup(Problem(1024, 1024, 59), target) == mine
     assert lookup(Problem(1024, 1024, 59), target, schedule_dir()) == shipped
+
+
+def test_a_keep_plan_whose_panel_does_not_fit_shared_memory_is_refused():
+    """A cols panel over all 176 columns fits one block (its reflectors, taus and mbarriers), but kept for Q it needs
+    G and T of 176 columns too: no keep plan (qr then forms Q from h and tau); narrower panels keep theirs."""
+    schedule, _ = find(Problem(176, 176, 40), Target("cuda", "sm_90"))
+    assert schedule.panels == (Panel(176, "cols", 704, slice=8),)
+    assert len(plan(schedule).kernels) == 1
+    with pytest.raises(ValueError, match="no keep plan"):
+        plan(schedule, keep=True)
+    narrow = Schedule(176, 176, (Panel(96, "cols", 768, 1, 4), Panel(80, "cols", 640, 1, 4)))
+    assert plan(narrow, keep=True).keep
