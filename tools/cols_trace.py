@@ -9,7 +9,6 @@ change). Each variant is the rendered kernel (templates/cuda/panel_cols.cuh) wit
   selects    the producer's reflector without branches (make_reflector<true>; it spills at 11 slots a lane);
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
   noskip     consumers multiply every slot, also those above the reflector's first row;
-  hint       mbarrier waits with a suspend-time hint (10 ms), as the seed's: a waiting warp may sleep, not spin;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
 kernel then runs a little slower, its time is printed too): cycles column to column inside a warp and from one
@@ -38,16 +37,9 @@ SELECTS = ("make_reflector(warp_shuffle", "make_reflector<true>(warp_shuffle")
 SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
 SCATTER_END = "      d[0] = upper ? other : d[0];\n"
 SKIP = "for (int s = J; s < SLOTS; ++s)"
-HINT = ("""      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\\n"
-      " @!done bra wait;\\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-      "r"(parity)
-""", """      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1, %2;\\n"
-      " @!done bra wait;\\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-      "r"(parity), "r"(10000000u)
-""")
 PUBLISHED = "    mbar_arrive(bars + col);\n"
 TRACE_BUFFER = "__device__ unsigned qr_trace_clock[64 * 1024];\n"
-VARIANTS = ("shipped", "selects", "butterfly", "noskip", "hint")
+VARIANTS = ("shipped", "selects", "butterfly", "noskip")
 
 
 def _replace(source: str, old: str, new: str) -> str:
@@ -75,8 +67,6 @@ def variant_source(source: str, variant: str) -> str:
                 raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
             i = source.index(SCATTER_START)
             source = source[:i] + "      warp_sum(d);\n" + source[source.index(SCATTER_END, i) + len(SCATTER_END):]
-        elif part == "hint":
-            source = _replace(source, *HINT)
         elif part == "noskip":
             source = _replace(source, SKIP, "for (int s = 0; s < SLOTS; ++s)")
     return source

@@ -233,7 +233,7 @@ __device__ __forceinline__ void t_row(int row, const float* g, const float* __re
   }
 }
 
-// Feature "mbarrier" (sm_90): barriers in this block's shared memory that count arrivals and, for transactions,
+// Feature "mbarrier" (sm_80 on): barriers in this block's shared memory that count arrivals and, for transactions,
 // bytes (the cols panels' one per reflector, the cluster panels' one per parity of the column). The polling loop of
 // the wait lives inside the asm, so the compiler sees no data-dependent loop (after one, it wrapped the following
 // warp shuffles in convergence code).
@@ -244,35 +244,28 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 
 // Before sm_90 the arrive and the wait take no .release / .acquire qualifiers (those are their default semantics at
 // CTA scope there) and the wait polls with test_wait (try_wait is sm_90's).
+#if __CUDA_ARCH__ >= 900
+#define QR_MBAR_ARRIVE "mbarrier.arrive.release.cta.shared::cta.b64"
+#define QR_MBAR_WAIT "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64"
+#else
+#define QR_MBAR_ARRIVE "mbarrier.arrive.shared::cta.b64"
+#define QR_MBAR_WAIT "mbarrier.test_wait.parity.shared::cta.b64"
+#endif
+
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   // release at CTA scope: this lane's stores of the reflector are visible to whoever completes the wait
-#if __CUDA_ARCH__ >= 900
-  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}" ::"r"(
+  asm volatile("{\n .reg .b64 state;\n " QR_MBAR_ARRIVE " state, [%0];\n}" ::"r"(
                    (unsigned)__cvta_generic_to_shared(bar))
                : "memory");
-#else
-  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(bar))
-               : "memory");
-#endif
 }
 
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
   asm volatile(
       "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      " " QR_MBAR_WAIT " done, [%0], %1;\n"
       " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
       "r"(parity)
       : "memory");
-#else
-  asm volatile(
-      "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-      "r"(parity)
-      : "memory");
-#endif
 }
 
 // One arrival that also expects `bytes` more to complete in this phase (they may have arrived already).

@@ -246,7 +246,7 @@ def test_cols_trace_tool_patches_the_current_template():
     rendered, shared = script.kernel(176, 8, SM90)
     assert shared > 48 * 1024
     items = []
-    for variant in ("selects", "butterfly", "noskip", "hint", "selects+butterfly+noskip+hint"):
+    for variant in ("selects", "butterfly", "noskip", "selects+butterfly+noskip"):
         source = script.variant_source(rendered.source, variant)
         assert source != rendered.source
         items += [(f"{rendered.name}_{len(items)}", source),
