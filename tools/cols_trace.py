@@ -12,7 +12,8 @@ change). Each variant is the rendered kernel (templates/cuda/panel_cols.cuh) wit
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
 kernel then runs a little slower, its time is printed too): cycles column to column inside a warp and from one
-warp's last column to the next warp's first.
+warp's last column to the next warp's first; and for the first 16 reflectors, how long after publishing the last
+consuming warp, and the next producer, had applied it.
 
 kernel, variant_source and instrument need no GPU (tests/compile checks that every anchor is still in the template
 and that each variant compiles without spills).
@@ -38,7 +39,10 @@ SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
 SCATTER_END = "      d[0] = upper ? other : d[0];\n"
 SKIP = "for (int s = J; s < SLOTS; ++s)"
 PUBLISHED = "    mbar_arrive(bars + col);\n"
-TRACE_BUFFER = "__device__ unsigned qr_trace_clock[64 * 1024];\n"
+CONSUMED = "    for (int c = 32 * J; c < last; ++c) consume<J>(c);\n"
+TRACED = 16  # reflectors whose every consumption is clocked
+TRACE_BUFFER = ("__device__ unsigned qr_trace_clock[64 * 1024];\n"
+                f"__device__ unsigned qr_trace_consumed[64 * {TRACED} * 32];\n")
 VARIANTS = ("shipped", "selects", "butterfly", "noskip")
 
 
@@ -73,11 +77,16 @@ def variant_source(source: str, variant: str) -> str:
 
 
 def instrument(source: str) -> str:
-    """Lane 0 of the producing warp stores the clock after each reflector is published."""
-    if PUBLISHED not in source or "struct ColsPanel" not in source:
+    """Lane 0 of the producing warp stores the clock after each reflector is published, and lane 0 of every
+    consuming warp after it applied each of the first TRACED reflectors."""
+    if PUBLISHED not in source or CONSUMED not in source or "struct ColsPanel" not in source:
         raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
     stamp = "    if (lane == 0) qr_trace_clock[b * 1024 + col] = (unsigned)clock();\n"
     source = source.replace(PUBLISHED, PUBLISHED + stamp, 1)
+    source = source.replace(CONSUMED, (
+        "    for (int c = 32 * J; c < last; ++c) {\n      consume<J>(c);\n"
+        f"      if (lane == 0 && c < {TRACED}) qr_trace_consumed[(b * {TRACED} + c) * 32 + warp] = (unsigned)clock();\n"
+        "    }\n"), 1)
     i = source.index("template <int M", source.index("struct ColsPanel") - 200)
     return source[:i] + TRACE_BUFFER + source[i:]
 
@@ -133,6 +142,13 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool) -> None:
         print(f"  cycles first to last column {np.median(col[:, n - 1] - col[:, 0]):.0f}; inside a warp: median "
               f"{np.median(inside):.0f}; warp to warp: median {np.median(handoff):.0f}; the first two warps: "
               + " ".join(f"{x:.0f}" for x in step[: 2 * slice_]), flush=True)
+        consumed = cupy.ndarray((64 * TRACED * 32,), cupy.uint32, memptr=module.get_global("qr_trace_consumed"))
+        done = consumed[: batch * TRACED * 32].reshape(batch, TRACED, 32).get().astype(np.int64)
+        warps = -(-n // slice_)
+        lag = [done[:, c, c // slice_ + 1: warps] - col[:, c: c + 1] for c in range(min(TRACED, n))]
+        print("  reflectors 0-%d, cycles from publishing to the last consumer's update (median over matrices): "
+              % (len(lag) - 1) + " ".join(f"{np.median(x.max(axis=1)):.0f}" for x in lag)
+              + "; to the next producer's: " + " ".join(f"{np.median(x[:, 0]):.0f}" for x in lag), flush=True)
 
 
 def main():
