@@ -55,11 +55,12 @@ def test_which_calls_run_eagerly(monkeypatch):
 
 
 def test_one_launch_factorizers():
-    """The one-launch rule on real schedules: one lanes panel reading its input is one launch; panels with
+    """The one-launch rule on real schedules: one lanes or cols panel reading its input is one launch; panels with
     products, tsqr's phases or the power-of-two scaling are not."""
     target = Target("cuda", "sm_90")
     assert factorizer_for(32, 32, 20, target).one_launch
-    assert not factorizer_for(176, 176, 40, target).one_launch
+    assert factorizer_for(176, 176, 40, target).one_launch
+    assert not factorizer_for(352, 352, 40, target).one_launch
     assert not factorizer_for(100000, 32, 1, target).one_launch
 
 
