@@ -164,10 +164,10 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
     from ..plan.planner import check
 
     n = problem.n
-    if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= problem.m or -(-n // COLS_SLICE) * 32 > 1024:
+    if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= problem.m:
         return None
-    panel = Panel(n, "cols", 32 * -(-n // COLS_SLICE), slice=COLS_SLICE)
-    try:
+    try:  # Panel refuses more than 1024 threads, check what the target's block cannot hold
+        panel = Panel(n, "cols", 32 * -(-n // COLS_SLICE), slice=COLS_SLICE)
         check(Schedule(problem.m, n, (panel,)), target)
     except ValueError:
         return None
