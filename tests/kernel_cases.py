@@ -36,6 +36,9 @@ COLS_SCHEDULES = [
     Schedule(100, 100, (Panel(48, "cols", 192, 1, 8), Panel(52, "cols", 224, 1, 8))),
     Schedule(352, 352, tuple(Panel(64, "cols", 512, 1, 4) for _ in range(5)) + (Panel(32, "cols", 256, 1, 4),)),
     Schedule(300, 70, (Panel(64, "cols", 512, 1, 4), Panel(6, "cols", 96, 1, 2))),
+    # on clusters of two blocks: the whole matrix; panels whose last block has a warp without columns
+    Schedule(176, 176, (Panel(176, "cols", 704, 2, 4, cluster=True),)),
+    Schedule(300, 70, (Panel(40, "cols", 96, 2, 8, cluster=True), Panel(30, "cols", 256, 2, 2, cluster=True))),
 ]
 
 LANES_SCHEDULES = [

@@ -1,12 +1,12 @@
 """A cols panel as the whole factorization of square matrices (the seed's one-kernel design), timed and traced column
 by column, with source variants of its producer and consumers (needs a CUDA GPU).
 
-    python3 tools/cols_trace.py 40x176 --variant shipped --variant selects --variant butterfly --variant noskip --trace
+    python3 tools/cols_trace.py 40x176 --variant shipped --variant branches --variant butterfly --variant noskip --trace
 
 A case is BATCHxN: one cols panel N columns wide over N x N matrices (slice 8: 32 * N / 8 threads; --slice to
-change). Each variant is the rendered kernel (templates/cuda/panel_cols.cuh) with text replaced:
+change; --blocks 2: the warps on a cluster of two blocks). Each variant is the rendered kernel (templates/cuda/panel_cols.cuh) with text replaced:
   shipped    as rendered;
-  selects    the producer's reflector without branches (make_reflector<true>; it spills at 11 slots a lane);
+  branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
   noskip     consumers multiply every slot, also those above the reflector's first row;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
@@ -30,20 +30,22 @@ import statistics
 
 from qrgen.compile.nvrtc import options
 from qrgen.plan import cols
+from qrgen.plan.cols import cols_threads
 from qrgen.render.sources import render_all
 from qrgen.schedule.model import Panel, Schedule
 from qrgen.targets import Target
 
-SELECTS = ("make_reflector(warp_shuffle", "make_reflector<true>(warp_shuffle")
+BRANCHES = ("make_reflector<true>(warp_shuffle", "make_reflector<false>(warp_shuffle")
 SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
 SCATTER_END = "      d[0] = upper ? other : d[0];\n"
 SKIP = "for (int s = J; s < SLOTS; ++s)"
 PUBLISHED = "    mbar_arrive(bars + col);\n"
 CONSUMED = "    for (int c = 32 * J; c < last; ++c) consume<J>(c);\n"
 TRACED = 16  # reflectors whose every consumption is clocked
+TRACE_WARPS = 64  # room for every warp of a panel (32 a block, 2 blocks)
 TRACE_BUFFER = ("__device__ unsigned qr_trace_clock[64 * 1024];\n"
-                f"__device__ unsigned qr_trace_consumed[64 * {TRACED} * 32];\n")
-VARIANTS = ("shipped", "selects", "butterfly", "noskip")
+                f"__device__ unsigned qr_trace_consumed[64 * {TRACED} * {TRACE_WARPS}];\n")
+VARIANTS = ("shipped", "branches", "butterfly", "noskip")
 
 
 def _replace(source: str, old: str, new: str) -> str:
@@ -52,9 +54,11 @@ def _replace(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
-def kernel(n: int, slice_: int, target: Target = Target()):
-    """The rendered cols kernel that factors an n x n matrix alone, and its shared memory in bytes."""
-    panel = Panel(n, "cols", threads=32 * -(-n // slice_), slice=slice_)
+def kernel(n: int, slice_: int, target: Target = Target(), blocks: int = 1):
+    """The rendered cols kernel that factors an n x n matrix alone (on `blocks` blocks), and its shared memory in
+    bytes."""
+    panel = Panel(n, "cols", threads=cols_threads(n, slice_, blocks), blocks=blocks, slice=slice_,
+                  cluster=blocks > 1)
     (rendered,) = render_all(Schedule(n, n, (panel,)), target)
     return rendered, cols.shared_bytes(panel, n, False, n, n)
 
@@ -64,8 +68,8 @@ def variant_source(source: str, variant: str) -> str:
     for part in variant.split("+"):
         if part not in VARIANTS:
             raise ValueError(f"variant parts are {VARIANTS}, got {part!r}")
-        if part == "selects":
-            source = _replace(source, *SELECTS)
+        if part == "branches":
+            source = _replace(source, *BRANCHES)
         elif part == "butterfly":
             if SCATTER_START not in source or SCATTER_END not in source:
                 raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
@@ -85,33 +89,34 @@ def instrument(source: str) -> str:
     source = source.replace(PUBLISHED, PUBLISHED + stamp, 1)
     source = source.replace(CONSUMED, (
         "    for (int c = 32 * J; c < last; ++c) {\n      consume<J>(c);\n"
-        f"      if (lane == 0 && c < {TRACED}) qr_trace_consumed[(b * {TRACED} + c) * 32 + warp] = (unsigned)clock();\n"
+        f"      if (lane == 0 && c < {TRACED}) qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + g * WARPS + warp] = "
+        "(unsigned)clock();\n"
         "    }\n"), 1)
     i = source.index("template <int M", source.index("struct ColsPanel") - 200)
     return source[:i] + TRACE_BUFFER + source[i:]
 
 
-def run(batch: int, n: int, slice_: int, variant: str, trace: bool) -> None:
+def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int = 1) -> None:
     import cupy
     import numpy as np
 
     from qrgen.numerics.check import check
     from qrgen.numerics.stress import mixed
 
-    rendered, smem = kernel(n, slice_)
+    rendered, smem = kernel(n, slice_, blocks=blocks)
     source = variant_source(rendered.source, variant)
     source = instrument(source) if trace else source
     # qrgen's NVRTC options but the architecture, which CuPy sets for the current device
     module = cupy.RawModule(code=source, options=tuple(o for o in options("sm_90") if not o.startswith("--gpu-arch")))
     fn = module.get_function(rendered.name)
     fn.max_dynamic_shared_size_bytes = smem
-    threads = 32 * -(-n // slice_)
+    threads = cols_threads(n, slice_, blocks)
     a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, n, n), dtype=np.float32))
     h, tau = cupy.empty_like(a), cupy.empty((batch, n), cupy.float32)
     none, flags = cupy.empty(1, cupy.float32), cupy.zeros(1, cupy.uint32)
 
     def launch(x):
-        fn((batch,), (threads,), (x, h, tau, none, none, none, flags, np.uint32(0), np.int32(0), np.int32(n),
+        fn((batch * blocks,), (threads,), (x, h, tau, none, none, none, flags, np.uint32(0), np.int32(0), np.int32(n),
                                   np.int32(n), np.int64(0)), shared_mem=smem)
 
     launch(a)
@@ -126,7 +131,7 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool) -> None:
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
     launch(a)
-    line = (f"{batch}x{n}² slice {slice_} {variant}{' (traced)' if trace else ''}: "
+    line = (f"{batch}x{n}² slice {slice_}{f' x{blocks} blocks' if blocks > 1 else ''} {variant}{' (traced)' if trace else ''}: "
             f"{statistics.median(times):.1f} µs; {check(a, h, tau)}")
     hostile = cupy.asarray(mixed(n, n, batch, seed=5)[0])
     launch(hostile)
@@ -142,8 +147,8 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool) -> None:
         print(f"  cycles first to last column {np.median(col[:, n - 1] - col[:, 0]):.0f}; inside a warp: median "
               f"{np.median(inside):.0f}; warp to warp: median {np.median(handoff):.0f}; the first two warps: "
               + " ".join(f"{x:.0f}" for x in step[: 2 * slice_]), flush=True)
-        consumed = cupy.ndarray((64 * TRACED * 32,), cupy.uint32, memptr=module.get_global("qr_trace_consumed"))
-        done = consumed[: batch * TRACED * 32].reshape(batch, TRACED, 32).get().astype(np.int64)
+        consumed = cupy.ndarray((64 * TRACED * TRACE_WARPS,), cupy.uint32, memptr=module.get_global("qr_trace_consumed"))
+        done = consumed[: batch * TRACED * TRACE_WARPS].reshape(batch, TRACED, TRACE_WARPS).get().astype(np.int64)
         warps = -(-n // slice_)
         lag = [done[:, c, c // slice_ + 1: warps] - col[:, c: c + 1] for c in range(min(TRACED, n))]
         print("  reflectors 0-%d, cycles from publishing to the last consumer's update (median over matrices): "
@@ -157,6 +162,7 @@ def main():
                                  epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("cases", nargs="+", metavar="BATCHxN")
     ap.add_argument("--slice", type=int, default=8, help="columns a warp (default 8)")
+    ap.add_argument("--blocks", type=int, default=1, choices=cols.BLOCKS, help="blocks a matrix (default 1)")
     ap.add_argument("--variant", action="append", help=f"'+'-joined parts of {VARIANTS} (repeatable; default shipped)")
     ap.add_argument("--trace", action="store_true", help="also run each variant with a clock per column")
     args = ap.parse_args()
@@ -164,7 +170,7 @@ def main():
         batch, n = (int(v) for v in case.lower().split("x"))
         for variant in args.variant or ["shipped"]:
             for trace in (False, True) if args.trace else (False,):
-                run(batch, n, args.slice, variant, trace)
+                run(batch, n, args.slice, variant, trace, args.blocks)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
-"""Panel family "cols": one block per matrix; warp w owns columns [w*slice, (w+1)*slice) in registers and takes its
-turn as producer of those reflectors, published to shared memory under one mbarrier each
-(templates/cuda/panel_cols.cuh)."""
+"""Panel family "cols": one block per matrix (or, with cluster=True, 2 blocks of one cluster, each owning half the
+warps); warp w owns columns [w*slice, (w+1)*slice) in registers and takes its turn as producer of those reflectors,
+published to shared memory under one mbarrier each and pushed into the later block's (templates/cuda/panel_cols.cuh)."""
 from __future__ import annotations
 
 import math
 
-from ..targets import MBARRIER
+from ..targets import CLUSTERS, MBARRIER
 from . import family
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
 VARIANT = "cols"
 LOOP = False
-CLUSTER = False
+CLUSTER = True
+BLOCKS = (1, 2)  # blocks a matrix (2: one cluster)
 # registers beside the columns and one reflector: the fewest ptxas fits a panel in under the cap without spilling
 # (tests/compile checks the panels this admits)
 REG_OVERHEAD = 18
@@ -21,13 +22,19 @@ SLICES = (2, 4, 8)
 def check(panel) -> None:
     if panel.slice not in SLICES:
         raise ValueError(f"Panel.slice must be one of {SLICES} for variant 'cols', got {panel.slice!r}")
-    if panel.blocks != 1:
-        raise ValueError("Panel variant 'cols' takes blocks=1")
-    threads = 32 * math.ceil(panel.width / panel.slice)
+    if panel.blocks not in BLOCKS or (panel.blocks > 1) != panel.cluster:
+        raise ValueError(f"Panel variant 'cols' takes blocks=1, or blocks=2 with cluster=True; got "
+                         f"blocks={panel.blocks!r} with cluster={panel.cluster!r}")
+    threads = cols_threads(panel.width, panel.slice, panel.blocks)
     if panel.threads != threads or panel.threads > 1024:
-        raise ValueError(f"Panel.threads must be 32 * ceil(width / slice) = {threads} (at most 1024) for variant "
-                         f"'cols', got {panel.threads}")
+        raise ValueError(f"Panel.threads must be 32 * ceil(ceil(width / slice) / blocks) = {threads} (at most 1024) "
+                         f"for variant 'cols', got {panel.threads}")
     family.check_no(panel, "tile")
+
+
+def cols_threads(width: int, slice_: int, blocks: int = 1) -> int:
+    """Threads a block: a warp for each slice of columns, the warps shared by the blocks."""
+    return 32 * math.ceil(math.ceil(width / slice_) / blocks)
 
 
 def slots(panel, rows: int) -> int:
@@ -57,16 +64,17 @@ def vec(panel, n: int, c0: int) -> int:
 
 
 def features(panel) -> tuple[str, ...]:
-    return (MBARRIER,)
+    return (MBARRIER, CLUSTERS) if panel.cluster else (MBARRIER,)
 
 
 def name(spec) -> str:
     suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
-    return f"qr_cols_w{spec.width}_c{spec.slice}_s{spec.slots}_v{spec.vec}{suffix}"
+    return (f"qr_cols_w{spec.width}_c{spec.slice}{f'_x{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
+            f"_v{spec.vec}{suffix}")
 
 
 def describe(panel) -> str:
-    return f" slice {panel.slice}"
+    return f" slice {panel.slice}" + (f" x{panel.blocks} blocks (cluster)" if panel.cluster else "")
 
 
 def render(spec, schedule, target):

@@ -53,7 +53,7 @@ class Panel:
         fam = panel_family(self.variant)
         fam.check(self)
         if self.cluster and (not fam.CLUSTER or self.blocks < 2):
-            raise ValueError(f"Panel.cluster takes variant 'rows' or 'lanes' with 2 or more blocks; got "
+            raise ValueError(f"Panel.cluster takes variants {CLUSTER_VARIANTS} with 2 or more blocks; got "
                              f"variant {self.variant!r} with {self.blocks} block(s)")
         if self.loop and not fam.LOOP:
             raise ValueError(f"Panel.loop applies to variants {LOOP_VARIANTS} only; got {self.variant!r}")
@@ -69,6 +69,7 @@ class Panel:
 
 
 LOOP_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).LOOP)
+CLUSTER_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).CLUSTER)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..plan.cols import cols_threads
 from ..plan.planner import check
 from ..plan.tf32x3 import without_idle as without_idle_tf32x3
 from ..plan.whole import SLICES as WHOLE_SLICES
@@ -67,6 +68,7 @@ COLS_WIDTHS = (32, 48, 64, 96, 128, "all")  # "all": every column left, one pane
 
 
 COLS_SLICES = (2, 4, 8)
+COLS_CLUSTERS = (0, 2)  # cols panels: 0 one block a matrix, 2 its warps on a cluster of two blocks
 
 
 LOOPS = (False, True)  # Panel.loop of the warp and rows panels
@@ -131,7 +133,8 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     cols = default_cols(problem) if clustered else None
     if cols is not None:
         base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster")}
-        return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice}
+        return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice,
+                "cols_cluster": cols.blocks if cols.cluster else 0}
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -192,7 +195,8 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
         elif family == "cols":
             width = remaining if params[f"cols_{phase}"] == "all" else min(params[f"cols_{phase}"], remaining)
             slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
-            panel = Panel(width, "cols", 32 * math.ceil(width / slice_), 1, slice_)
+            blocks = params.get("cols_cluster", 0) or 1
+            panel = Panel(width, "cols", cols_threads(width, slice_, blocks), blocks, slice_, cluster=blocks > 1)
         else:
             raise ValueError(f"family must be one of {ALL_FAMILIES}, got {family!r}")
         panels.append(with_loop(panel, params.get("loop", False)))
@@ -225,6 +229,7 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
             params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
     if params["family"] == "cols":
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
+        params["cols_cluster"] = trial.suggest_categorical("cols_cluster", COLS_CLUSTERS)
     if params["family"] == "rows":
         params["cluster"] = trial.suggest_categorical("cluster", CLUSTERS)
         if params["cluster"]:
@@ -242,7 +247,9 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["lookahead"] = trial.suggest_categorical("lookahead", LOOKAHEADS)
         if params["lookahead"]:
             params["reach"] = trial.suggest_categorical("reach", REACHES)
-    params["panel_update"] = trial.suggest_categorical("panel_update", PANEL_UPDATES)
+    # panels wider than 32 columns take no other panel update: cols panels that all are wider do not sample it
+    wide = params["family"] == "cols" and all(params[f"cols_{phase}"] != 32 for phase in phases)
+    params["panel_update"] = "cublas" if wide else trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS if stage == "gram" else PRODUCT_PRECISIONS)
     return params

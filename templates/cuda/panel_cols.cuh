@@ -3,9 +3,13 @@
 // of the warps before it, in order, as they appear (consumer), then computes the reflectors of its own columns
 // (producer) and publishes each to shared memory with one mbarrier per reflector, so a producer never waits for
 // its consumers and no block-wide barrier is needed per column. Every reflector stays in shared memory.
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL>
+// With BLOCKS > 1 the warps are spread over the blocks of one cluster (block g owns the columns of warps
+// g*WARPS .. g*WARPS + WARPS - 1): a producer also pushes each reflector and its tau into every later block's
+// shared memory (st.async, completing on that block's mbarrier of the reflector), so each SM issues for fewer
+// warps; a TRAIL panel's last block, which then holds every reflector, prepares the trailing update alone.
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, int BLOCKS>
 struct ColsPanel {
-  static constexpr int WARPS = cdiv(NB, S);
+  static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
   static_assert(S % 2 == 0, "consumers take their columns in pairs");
 
@@ -14,7 +18,8 @@ struct ColsPanel {
   float* gram;                // [NB][NB + 1] (TRAIL)
   float* tmat;                // [NB][NB + 1] (TRAIL)
   unsigned long long* bars;   // [NB]
-  int c0, mp, vld, lane, warp, b;
+  int c0, mp, vld, lane, warp, b, g;  // g: this block's rank in the cluster
+  unsigned peer[BLOCKS];      // this block's shared memory as seen from each block of the cluster
   long long vbs;  // V^T: leading dimension vld, vbs floats per matrix
   float x[SLOTS][S];
 
@@ -61,7 +66,7 @@ struct ColsPanel {
   // own columns I+1..S-1 one at a time, the next column (the next reflector's) first.
   template <int I>
   __device__ __forceinline__ void produce() {
-    const int col = warp * S + I;
+    const int col = (g * WARPS + warp) * S + I;
     if (col >= NB) return;
     float sig = 0.0f, piv = 0.0f;
 #pragma unroll
@@ -71,7 +76,7 @@ struct ColsPanel {
       sig = fmaf(a, a, sig);
       piv = r == col ? x[s][I] : piv;
     }
-    const Reflector f = make_reflector(warp_shuffle(piv, col & 31), warp_sum(sig));
+    const Reflector f = make_reflector<true>(warp_shuffle(piv, col & 31), warp_sum(sig));
     float v[SLOTS];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -82,6 +87,19 @@ struct ColsPanel {
     }
     if (lane == 0) taus[col] = f.tau;
     mbar_arrive(bars + col);
+    if constexpr (BLOCKS > 1) {
+#pragma unroll
+      for (int p = 1; p < BLOCKS; ++p) {
+        if (p <= g) continue;
+        if (lane == 0) mbar_arrive_expect_peer(peer[p], vs, bars + col, RS * 4 + 4);
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int r = s * 32 + lane;
+          push_peer_at(peer[p], vs, vs + col * RS + r, r < mp ? v[s] : 0.0f, bars + col);
+        }
+        if (lane == 0) push_peer_at(peer[p], vs, taus + col, f.tau, bars + col);
+      }
+    }
 #pragma unroll
     for (int k = I + 1; k < S; ++k) {
       float d = 0.0f;
@@ -101,15 +119,16 @@ struct ColsPanel {
 
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
                                       float* __restrict__ vt, float* __restrict__ zt) {
-    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + warp * S;
-    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + warp * S;
-    constexpr int NLAST = NB - (WARPS - 1) * S;  // columns of the last warp
+    const int gw = g * WARPS + warp;  // this warp's rank among the panel's warps
+    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
+    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
+    const int own = min(S, max(0, NB - gw * S));  // columns of this warp: S, fewer in the panel's last, or none
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = s * 32 + lane;
 #pragma unroll
       for (int k = 0; k < S; k += VEC) {
-        const bool inside = r < mp && (warp < WARPS - 1 || k < NLAST);
+        const bool inside = r < mp && k < own;
         if (inside) {
           load_vec<VEC>(&x[s][k], sb + (size_t)r * N + k);
         } else {
@@ -118,7 +137,7 @@ struct ColsPanel {
         }
       }
     }
-    consume_all<0>(warp * S);
+    consume_all<0>(own > 0 ? gw * S : 0);
     produce_all<0>();
     block_barrier();
 
@@ -127,13 +146,15 @@ struct ColsPanel {
       const int r = s * 32 + lane;
 #pragma unroll
       for (int k = 0; k < S; k += VEC) {
-        if (r < mp && (warp < WARPS - 1 || k < NLAST)) store_vec<VEC>(hb + (size_t)r * N + k, &x[s][k]);
+        if (r < mp && k < own) store_vec<VEC>(hb + (size_t)r * N + k, &x[s][k]);
       }
     }
     const int t = warp * 32 + lane;
-    if (t < NB) tau[(size_t)b * K + c0 + t] = taus[t];
+    const int tc = g * WARPS * S + t;  // this block's columns' tau
+    if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
 
     if constexpr (TRAIL) {
+      if (g != BLOCKS - 1) return;
       // G = V^T V (entries k < j), one pair per warp at a time, lanes over the rows.
       for (int pair = warp; pair < NB * NB; pair += WARPS) {
         const int k = pair / NB, j = pair - k * NB;
@@ -167,11 +188,11 @@ struct ColsPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, int BLOCKS>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, BLOCKS>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = vs + NB * P::RS;
@@ -180,8 +201,16 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(
       tmat + (TRAIL ? NB * (NB + 1) : 0) + ((NB + (TRAIL ? 2 * NB * (NB + 1) : 0)) & 1));
   const int t = threadIdx.x;
-  if (t < NB) mbar_init(bars + t, 32);
-  block_barrier();
-  P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, (int)blockIdx.x, vbs};
+  const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
+  // a reflector of this block: its 32 lanes arrive; of an earlier block: its push (one arrival and the bytes)
+  for (int c = t; c < NB; c += P::WARPS * 32) mbar_init(bars + c, c < g * P::WARPS * S ? 1 : 32);
+  P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, b, g, {}, vbs};
+  if constexpr (BLOCKS > 1) {
+    for (int p = 0; p < BLOCKS; ++p) panel.peer[p] = peer_address(smem, p);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    cluster_sync();  // no block pushes before every block's mbarriers are initialized
+  } else {
+    block_barrier();
+  }
   panel.run(src, h, tau, vt, zt);
 }

@@ -13,6 +13,7 @@ from qrgen.api import keeps_q
 from qrgen.compile.nvrtc import compile_many, compile_source
 from qrgen.paths import schedule_dir
 from qrgen.plan import fused, rows, whole
+from qrgen.plan.cols import cols_threads
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.sources import render, render_all
@@ -247,16 +248,18 @@ def test_lanes_phases_tool_instruments_the_current_template(rows, slots, blocks)
 
 def test_cols_trace_tool_patches_the_current_template():
     # the cols_trace tool replaces parts of the cols kernel by text and stores a clock per column: every anchor must
-    # still be there (it raises otherwise); each variant compiles without spills at 176 rows on 22 warps (traced too).
+    # still be there (it raises otherwise); each variant compiles without spills at 176 rows on 22 warps, one block
+    # or a cluster of two (traced too).
     script = _tool("cols_trace.py")
-    rendered, shared = script.kernel(176, 8, SM90)
-    assert shared > 48 * 1024
     items = []
-    for variant in ("selects", "butterfly", "noskip", "selects+butterfly+noskip"):
-        source = script.variant_source(rendered.source, variant)
-        assert source != rendered.source
-        items += [(f"{rendered.name}_{len(items)}", source),
-                  (f"{rendered.name}_{len(items) + 1}", script.instrument(source))]
+    for slice_, blocks in ((8, 1), (4, 2)):
+        rendered, shared = script.kernel(176, slice_, SM90, blocks)
+        assert shared > 48 * 1024
+        for variant in ("branches", "butterfly", "noskip", "branches+butterfly+noskip"):
+            source = script.variant_source(rendered.source, variant)
+            assert source != rendered.source
+            items += [(f"{rendered.name}_{len(items)}", source),
+                      (f"{rendered.name}_{len(items) + 1}", script.instrument(source))]
     assert items[1][1].count("(unsigned)clock()") == 2  # published, and consumed
     for binary in compile_many(items, SM90, use_cache=False):
         assert binary.spill_bytes == 0, binary.name
@@ -270,9 +273,10 @@ def test_cols_panels_the_planner_admits_compile_without_spills():
     # plan/cols.REG_OVERHEAD is the fewest registers ptxas fits beside the columns under the cap: panels it admits
     # at the edge of the cap, alone and ahead of a trailing update, compile without spilling.
     items = []
-    for m, n, width, slice_ in ((192, 192, 192, 8), (176, 176, 176, 8), (176, 176, 128, 4), (352, 352, 96, 4),
-                                (352, 352, 64, 2), (512, 512, 64, 8)):
-        panel = Panel(width, "cols", threads=32 * -(-width // slice_), slice=slice_)
+    for m, n, width, slice_, blocks in ((192, 192, 192, 8, 1), (176, 176, 176, 8, 1), (176, 176, 128, 4, 1),
+                                        (352, 352, 96, 4, 1), (352, 352, 64, 2, 1), (512, 512, 64, 8, 1),
+                                        (192, 192, 192, 4, 2), (352, 352, 96, 8, 2)):
+        panel = Panel(width, "cols", cols_threads(width, slice_, blocks), blocks, slice_, cluster=blocks > 1)
         rest = tuple(lanes_panel(m - c, min(32, n - c)) for c in range(width, n, 32))
         schedule = Schedule(m, n, (panel,) + rest)
         plan(schedule, SM90)
