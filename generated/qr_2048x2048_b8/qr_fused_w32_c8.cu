@@ -173,6 +173,16 @@ __device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* bas
                "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
 }
 
+// One arrival on the mbarrier at the address of `bar` in the block whose shared memory starts at peer_base (see
+// push_peer_at), expecting `bytes` more pushed bytes in this phase (they may have arrived already). Relaxed: the
+// pushed bytes complete on that mbarrier themselves, and a release at cluster scope compiles to MEMBAR.ALL.GPU.
+__device__ __forceinline__ void mbar_arrive_expect_peer(unsigned peer_base, const void* base,
+                                                        unsigned long long* bar, unsigned bytes) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)), "r"(bytes) : "memory");
+}
+
 // 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused
 // kernel's partial W of the other blocks).
 __device__ __forceinline__ float4 peer_load4(const float* p, unsigned rank) {

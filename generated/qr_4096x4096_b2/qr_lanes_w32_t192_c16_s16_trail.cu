@@ -127,9 +127,9 @@ template <bool SELECTS = false>
 __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   Reflector r;
   if constexpr (SELECTS) {
-    // No branches (one-warp lanes panels, where the column's chain is the kernel): below FLT_MIN the sum is scaled
-    // by 2^64 into the normal range for the hardware reciprocal square root and the results scaled back by 2^32;
-    // with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
+    // No branches (one-warp lanes panels and cols producers, whose column chains are the kernel): below FLT_MIN the
+    // sum is scaled by 2^64 into the normal range for the hardware reciprocal square root and the results scaled
+    // back by 2^32; with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
     const float s = fmaf(alpha, alpha, sigma);
     const bool tiny = s < 1.17549435e-38f;
     const float sc = tiny ? s * 18446744073709551616.0f : s;
@@ -303,6 +303,16 @@ __device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* bas
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
                "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+}
+
+// One arrival on the mbarrier at the address of `bar` in the block whose shared memory starts at peer_base (see
+// push_peer_at), expecting `bytes` more pushed bytes in this phase (they may have arrived already). Relaxed: the
+// pushed bytes complete on that mbarrier themselves, and a release at cluster scope compiles to MEMBAR.ALL.GPU.
+__device__ __forceinline__ void mbar_arrive_expect_peer(unsigned peer_base, const void* base,
+                                                        unsigned long long* bar, unsigned bytes) {
+  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;"
+               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)), "r"(bytes) : "memory");
 }
 
 // 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused

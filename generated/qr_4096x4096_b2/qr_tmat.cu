@@ -125,9 +125,9 @@ template <bool SELECTS = false>
 __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   Reflector r;
   if constexpr (SELECTS) {
-    // No branches (one-warp lanes panels, where the column's chain is the kernel): below FLT_MIN the sum is scaled
-    // by 2^64 into the normal range for the hardware reciprocal square root and the results scaled back by 2^32;
-    // with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
+    // No branches (one-warp lanes panels and cols producers, whose column chains are the kernel): below FLT_MIN the
+    // sum is scaled by 2^64 into the normal range for the hardware reciprocal square root and the results scaled
+    // back by 2^32; with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
     const float s = fmaf(alpha, alpha, sigma);
     const bool tiny = s < 1.17549435e-38f;
     const float sc = tiny ? s * 18446744073709551616.0f : s;

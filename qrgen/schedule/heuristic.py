@@ -39,6 +39,8 @@ WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; ab
 COLS_FROM = 128  # the factorization in one cols panel (one block a matrix) from this many columns ...
 COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs: docs/decisions.md#cols-default)
 COLS_SLICE = 8
+COLS_CLUSTER_MAX_BATCH = 66  # up to this many matrices, each on a cluster of 2 blocks (one wave of pairs of SMs) ...
+COLS_CLUSTER_SLICE = 4  # ... with warps of 4 columns (docs/decisions.md#cols-cluster)
 
 
 @dataclass(frozen=True)
@@ -159,19 +161,24 @@ def default_whole(problem: Problem) -> Panel | None:
 
 
 def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
-    """The default's one cols panel over all n columns (COLS_FROM, COLS_MAX_BATCH, n <= m) where the target fits it in
-    one block, or None."""
+    """The default's one cols panel over all n columns (COLS_FROM, COLS_MAX_BATCH, n <= m): on a cluster of 2 blocks
+    a matrix for at most COLS_CLUSTER_MAX_BATCH matrices where the target has clusters and fits it, else on one block
+    where that fits; or None."""
+    from ..plan.cols import cols_threads
     from ..plan.planner import check
 
     n = problem.n
     if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= problem.m:
         return None
-    try:  # Panel refuses more than 1024 threads, check what the target's block cannot hold
-        panel = Panel(n, "cols", 32 * -(-n // COLS_SLICE), slice=COLS_SLICE)
-        check(Schedule(problem.m, n, (panel,)), target)
-    except ValueError:
-        return None
-    return panel
+    shapes = ((COLS_CLUSTER_SLICE, 2),) if problem.batch <= COLS_CLUSTER_MAX_BATCH else ()
+    for slice_, blocks in shapes + ((COLS_SLICE, 1),):
+        try:  # Panel refuses more than 1024 threads, check what the target cannot hold or run
+            panel = Panel(n, "cols", cols_threads(n, slice_, blocks), blocks, slice_, cluster=blocks > 1)
+            check(Schedule(problem.m, n, (panel,)), target)
+        except ValueError:
+            continue
+        return panel
+    return None
 
 
 def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:

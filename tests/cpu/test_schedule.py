@@ -317,10 +317,10 @@ def test_a_tuned_file_serves_the_batches_near_its_own(tmp_path, monkeypatch):
 
 
 def test_a_keep_plan_whose_panel_does_not_fit_shared_memory_is_refused():
-    """A cols panel over all 176 columns fits one block (its reflectors, taus and mbarriers), but kept for Q it needs
+    """A cols panel over all 176 columns fits its blocks (each holds every reflector, tau and mbarrier), but kept for Q it needs
     G and T of 176 columns too: no keep plan (qr then forms Q from h and tau); narrower panels keep theirs."""
     schedule, _ = find(Problem(176, 176, 40), Target("cuda", "sm_90"))
-    assert schedule.panels == (Panel(176, "cols", 704, slice=8),)
+    assert schedule.panels == (Panel(176, "cols", 704, 2, 4, cluster=True),)
     assert len(plan(schedule).kernels) == 1
     with pytest.raises(ValueError, match="no keep plan"):
         plan(schedule, keep=True)

@@ -44,12 +44,13 @@ def test_default_params_give_the_default_whole_schedule(m, n, batch):
 
 
 @pytest.mark.parametrize("m,n,batch", [(176, 176, 40), (128, 128, 1), (192, 160, 132), (176, 176, 133), (127, 127, 40),
-                                       (256, 256, 40), (160, 176, 40)])
+                                       (256, 256, 40), (160, 176, 40), (176, 176, 66), (176, 176, 67)])
 def test_default_params_give_the_default_cols_schedule(m, n, batch):
     """Few matrices (at most one block each per SM) of 128 to 192 columns, n <= m, take one cols panel over all
-    columns by default (schedule.heuristic.default_cols, where it fits one block); the tuner's first trial is the same
-    point and the default without it among its early variations."""
-    from qrgen.schedule.heuristic import COLS_FROM, COLS_MAX_BATCH
+    columns by default (schedule.heuristic.default_cols, where it fits one block): on a cluster of two blocks (4
+    columns a warp) for at most one matrix per pair of SMs, else on one block (8 columns a warp); the tuner's first
+    trial is the same point and the default without it among its early variations."""
+    from qrgen.schedule.heuristic import COLS_CLUSTER_MAX_BATCH, COLS_FROM, COLS_MAX_BATCH
 
     problem = Problem(m, n, batch)
     schedule = default_schedule(problem)
@@ -57,7 +58,9 @@ def test_default_params_give_the_default_cols_schedule(m, n, batch):
     cols = schedule.panels[0].variant == "cols"
     assert cols == (batch <= COLS_MAX_BATCH and COLS_FROM <= n <= m and m <= 192)
     if cols:
-        assert schedule.panels == (Panel(n, "cols", 32 * -(-n // 8), slice=8),)
+        expected = (Panel(n, "cols", 32 * -(-n // 8), 2, 4, cluster=True) if batch <= COLS_CLUSTER_MAX_BATCH
+                    else Panel(n, "cols", 32 * -(-n // 8), slice=8))
+        assert schedule.panels == (expected,)
         assert default_params(problem, clustered=False) in variations(problem)
 
 
