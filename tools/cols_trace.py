@@ -9,6 +9,8 @@ change; --blocks 2: the warps on a cluster of two blocks). Each variant is the r
   branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
   noskip     consumers multiply every slot, also those above the reflector's first row;
+  nextfirst  a producer updates its next column before it publishes the reflector (tau, arrival, pushes), its
+             other columns after;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
 kernel then runs a little slower, its time is printed too): cycles column to column inside a warp and from one
@@ -45,7 +47,10 @@ TRACED = 16  # reflectors whose every consumption is clocked
 TRACE_WARPS = 64  # room for every warp of a panel (32 a block, 2 blocks)
 TRACE_BUFFER = ("__device__ unsigned qr_trace_clock[64 * 1024];\n"
                 f"__device__ unsigned qr_trace_consumed[64 * {TRACED} * {TRACE_WARPS}];\n")
-VARIANTS = ("shipped", "branches", "butterfly", "noskip")
+VARIANTS = ("shipped", "branches", "butterfly", "noskip", "nextfirst")
+PUBLISH_START = "    if (lane == 0) taus[col] = f.tau;\n"
+PUBLISH_END = "#pragma unroll\n    for (int k = I + 1; k < S; ++k) {\n"
+UPDATE_END = "      for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);\n"
 
 
 def _replace(source: str, old: str, new: str) -> str:
@@ -75,6 +80,16 @@ def variant_source(source: str, variant: str) -> str:
                 raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
             i = source.index(SCATTER_START)
             source = source[:i] + "      warp_sum(d);\n" + source[source.index(SCATTER_END, i) + len(SCATTER_END):]
+        elif part == "nextfirst":
+            if PUBLISH_START not in source or PUBLISH_END not in source or UPDATE_END not in source:
+                raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
+            i = source.index(PUBLISH_START)
+            j = source.index(PUBLISH_END, i)
+            publish = source[i:j]
+            e = source.index(UPDATE_END, j) + len(UPDATE_END)
+            source = (source[:i] + "    auto publish = [&]() {\n" + publish + "    };\n" + source[j:e]
+                      + "      if (k == I + 1) publish();\n" + source[e:e + len("    }\n")]
+                      + "    if constexpr (I + 1 >= S) publish();\n" + source[e + len("    }\n"):])
         elif part == "noskip":
             source = _replace(source, SKIP, "for (int s = 0; s < SLOTS; ++s)")
     return source
