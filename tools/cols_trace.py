@@ -4,7 +4,8 @@ by column, with source variants of its producer and consumers (needs a CUDA GPU)
     python3 tools/cols_trace.py 40x176 --variant shipped --variant branches --variant butterfly --variant noskip --trace
 
 A case is BATCHxN: one cols panel N columns wide over N x N matrices (slice 8: 32 * N / 8 threads; --slice to
-change; --blocks 2: the warps on a cluster of two blocks). Each variant is the rendered kernel (templates/cuda/panel_cols.cuh) with text replaced:
+change; --blocks 2: the warps on a cluster of two blocks). Each variant is the rendered kernel
+(templates/cuda/panel_cols.cuh) with text replaced:
   shipped    as rendered;
   branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
@@ -104,8 +105,8 @@ def instrument(source: str) -> str:
     source = source.replace(PUBLISHED, PUBLISHED + stamp, 1)
     source = source.replace(CONSUMED, (
         "    for (int c = 32 * J; c < last; ++c) {\n      consume<J>(c);\n"
-        f"      if (lane == 0 && c < {TRACED}) qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + g * WARPS + warp] = "
-        "(unsigned)clock();\n"
+        f"      if (lane == 0 && c < {TRACED})\n"
+        f"        qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + g * WARPS + warp] = (unsigned)clock();\n"
         "    }\n"), 1)
     i = source.index("template <int M", source.index("struct ColsPanel") - 200)
     return source[:i] + TRACE_BUFFER + source[i:]
@@ -146,7 +147,8 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int 
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
     launch(a)
-    line = (f"{batch}x{n}² slice {slice_}{f' x{blocks} blocks' if blocks > 1 else ''} {variant}{' (traced)' if trace else ''}: "
+    where = f" x{blocks} blocks" if blocks > 1 else ""
+    line = (f"{batch}x{n}² slice {slice_}{where} {variant}{' (traced)' if trace else ''}: "
             f"{statistics.median(times):.1f} µs; {check(a, h, tau)}")
     hostile = cupy.asarray(mixed(n, n, batch, seed=5)[0])
     launch(hostile)
@@ -162,7 +164,8 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int 
         print(f"  cycles first to last column {np.median(col[:, n - 1] - col[:, 0]):.0f}; inside a warp: median "
               f"{np.median(inside):.0f}; warp to warp: median {np.median(handoff):.0f}; the first two warps: "
               + " ".join(f"{x:.0f}" for x in step[: 2 * slice_]), flush=True)
-        consumed = cupy.ndarray((64 * TRACED * TRACE_WARPS,), cupy.uint32, memptr=module.get_global("qr_trace_consumed"))
+        consumed = cupy.ndarray((64 * TRACED * TRACE_WARPS,), cupy.uint32,
+                                memptr=module.get_global("qr_trace_consumed"))
         done = consumed[: batch * TRACED * TRACE_WARPS].reshape(batch, TRACED, TRACE_WARPS).get().astype(np.int64)
         warps = -(-n // slice_)
         lag = [done[:, c, c // slice_ + 1: warps] - col[:, c: c + 1] for c in range(min(TRACED, n))]
