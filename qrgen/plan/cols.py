@@ -10,6 +10,7 @@ from . import family
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
 VARIANT = "cols"
+VT_ONLY = True  # a trail kernel leaves (VT)^T out where no products of its own follow (KernelSpec.vt_only)
 LOOP = False
 CLUSTER = True
 BLOCKS = (1, 2)  # blocks a matrix (2: one cluster)
@@ -46,7 +47,7 @@ def registers(panel, rows: int) -> int:
 
 
 def shared_bytes_of(width: int, slots_: int, trail: bool) -> int:
-    """Every reflector (padded rows), tau, G and T when a trailing update follows, and one 8-byte mbarrier per
+    """Every reflector (padded rows), tau, G and T when it prepares (VT)^T (trail), and one 8-byte mbarrier per
     reflector (panel_cols's layout)."""
     floats = width * slots_ * 32 + width + (2 * width * (width + 1) if trail else 0)
     return 4 * (floats + (floats & 1)) + 8 * width
@@ -68,7 +69,7 @@ def features(panel) -> tuple[str, ...]:
 
 
 def name(spec) -> str:
-    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+    suffix = ("_vt" if spec.vt_only else "_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
     return (f"qr_cols_w{spec.width}_c{spec.slice}{f'_x{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
             f"_v{spec.vec}{suffix}")
 

@@ -1,11 +1,12 @@
 """The kernel families and what each module provides.
 
 A panel family (warp, rows, lanes, cols, tsqr, whole) defines:
-  VARIANT, LOOP (whether Panel.loop applies), REG_OVERHEAD,
+  VARIANT, LOOP (whether Panel.loop applies), REG_OVERHEAD, VT_ONLY (whether its kernel can write V^T alone),
   check(panel)                       the Panel fields it accepts (ValueError naming the field),
   slots(panel, rows)                 rows each thread holds,
   registers(panel, rows)             estimated registers per thread,
-  shared_bytes(panel, rows, trail, m, n)  dynamic plus static shared memory a block needs (resources),
+  shared_bytes(panel, rows, trail, m, n)  dynamic plus static shared memory a block needs (resources; trail: it
+                                     prepares V^T and (VT)^T),
   spec_shared(panel, rows, trail, m, n)   the dynamic shared memory it is launched with,
   vec(panel, n, c0)                  floats per global load,
   name(spec)                         the kernel's name, spelling its compile-time constants,

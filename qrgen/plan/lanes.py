@@ -11,6 +11,7 @@ from . import family
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
 VARIANT = "lanes"
+VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = False
 CLUSTER = True
 REG_OVERHEAD = 24

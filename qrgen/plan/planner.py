@@ -23,15 +23,35 @@ class PanelResources:
     shared_bytes: int
 
 
+@dataclass(frozen=True)
+class PanelOutputs:
+    agg: object  # the panel's aggregate (layout.Aggregate), or None
+    nc: int  # columns right of the panel that its own two products update
+    trail: bool  # it writes V^T
+    vt_only: bool  # and no (VT)^T: no products of its own follow and its family can leave (VT)^T out
+
+
+def panel_outputs(schedule, index: int, aggs: tuple, keep: bool = False) -> PanelOutputs:
+    """What panel `index` hands on. Its own products reach the end of its aggregate (or reach's), else the end of the
+    matrix; it writes V^T where columns follow it or its aggregate (or for Q: keep), and (VT)^T only for products
+    of its own or, in a keep plan without aggregates, for Q (an aggregate's merge computes its own (VT)^T)."""
+    panel, c0 = schedule.panels[index], schedule.starts()[index]
+    agg = next((a for a in aggs if a.first <= index <= a.last), None)
+    nc = 0 if panel.variant == "whole" else (agg.c1 if agg else schedule.n) - c0 - panel.width
+    trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
+    wy = nc > 0 or (keep and not aggs)
+    return PanelOutputs(agg, nc, trail, trail and not wy and panel_family(panel.variant).VT_ONLY)
+
+
 def resources(schedule, index: int, target: Target) -> PanelResources:
     """What panel `index` of the schedule needs of a block, and the register cap the target allows it."""
     panel = schedule.panels[index]
-    c0 = schedule.starts()[index]
-    rows = schedule.m - c0
+    rows = schedule.m - schedule.starts()[index]
     fam = panel_family(panel.variant)
+    out = panel_outputs(schedule, index, aggregates(schedule))
     return PanelResources(rows, fam.slots(panel, rows), fam.registers(panel, rows),
                           register_cap(panel.threads, target.limits),
-                          fam.shared_bytes(panel, rows, c0 + panel.width < schedule.n, schedule.m, schedule.n))
+                          fam.shared_bytes(panel, rows, out.trail and not out.vt_only, schedule.m, schedule.n))
 
 
 def check(schedule, target: Target) -> None:
@@ -72,23 +92,20 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
     for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
         rows = schedule.m - c0
         fam = panel_family(panel.variant)
-        agg = next((a for a in aggs if a.first <= index <= a.last), None)
-        if agg is None:
-            nc, v_row, v_ld, v_bs = schedule.n - c0 - panel.width, 0, rows, panel.width * rows
-        else:
-            width = agg.a1 - agg.a0
-            # to where its aggregate's merged form begins: the aggregate's end, or with Schedule.reach the next one's
-            nc, v_row, v_ld, v_bs = agg.c1 - c0 - panel.width, c0 - agg.a0, agg.rows, width * agg.rows
-        whole = panel.variant == "whole"
+        whole = panel.variant == "whole"  # its kernel updates every column itself
         if whole and keep:
             raise ValueError("a 'whole' schedule keeps no reflectors for Q (its panels never leave shared memory): "
                              "no keep plan")
-        if whole:
-            nc = 0  # its kernel updates every column itself
-        trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
+        out = panel_outputs(schedule, index, aggs, keep)
+        agg, nc, trail = out.agg, out.nc, out.trail
+        if agg is None:
+            v_row, v_ld, v_bs = 0, rows, panel.width * rows
+        else:  # in its aggregate's V^T, whose merged form begins at the aggregate's end (or with reach the next one's)
+            v_row, v_ld, v_bs = c0 - agg.a0, agg.rows, (agg.a1 - agg.a0) * agg.rows
         spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
-                          fam.spec_shared(panel, rows, trail, schedule.m, schedule.n), (), panel.cluster, panel.loop)
+                          fam.spec_shared(panel, rows, trail and not out.vt_only, schedule.m, schedule.n), (),
+                          panel.cluster, panel.loop, vt_only=out.vt_only)
         if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:
             raise ValueError(f"Schedule.panels[{index}] keeps its reflectors for Q with {spec.shared_bytes} bytes of "
                              f"shared memory; the budget is {target.limits.shared_bytes}: no keep plan")
@@ -99,7 +116,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                                blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=spec.shared_bytes,
                                nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster,
                                levels=tsqr_levels(rows, panel.width, panel.tile) if panel.variant == "tsqr" else (),
-                               tile=panel.tile, inner=panel.slice if whole else 0))
+                               tile=panel.tile, inner=panel.slice if whole else 0, vt_only=out.vt_only))
     kernels = [_named(spec, cols) for spec, cols in keys.items()]
     if target.record.families:  # the backend's own product kernels (Metal: plan/msl.py)
         kernels += importlib.import_module(target.record.families).product_kernels(schedule, launches, aggs, keep)

@@ -8,6 +8,7 @@ from . import family
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401 (the family's launch parameters)
 
 VARIANT = "rows"
+VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True  # Panel.loop: the loop over columns need not be unrolled
 CLUSTER = True  # Panel.cluster applies
 REG_OVERHEAD = 40  # registers beside the register tile (addresses, loop state, scalars), from ptxas reports

@@ -23,6 +23,7 @@ class KernelSpec:
     loop: bool = False  # the loop over columns is not unrolled (Panel.loop)
     formq: bool = False  # lanes: writes Q and R (qrgen.qr, mode "reduced") instead of h and tau (fused_q_kernel)
     kind: str = ""  # a product family's member (tf32x3: "project", "project64", "update", "gram")
+    vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.own_products)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Launch:
     levels: tuple[tuple[int, int], ...] = ()  # a tsqr panel's tree (layout.tsqr_levels): one launch per phase
     tile: int = 0  # a tsqr panel's rows per tile
     inner: int = 0  # a "whole" kernel's columns per panel: the launch factors and updates everything itself
+    vt_only: bool = False  # the kernel writes V^T but no (VT)^T (KernelSpec.vt_only)
 
     @property
     def cooperative(self) -> bool:

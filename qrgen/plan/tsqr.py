@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from . import family
 
 VARIANT = "tsqr"
+VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
 REG_OVERHEAD = 60

@@ -6,6 +6,7 @@ from . import family, rows
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
 VARIANT = "warp"
+VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
 REG_OVERHEAD = rows.REG_OVERHEAD

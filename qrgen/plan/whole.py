@@ -10,6 +10,7 @@ from . import family, rows
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
 VARIANT = "whole"
+VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
 REG_OVERHEAD = 48

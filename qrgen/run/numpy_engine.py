@@ -82,6 +82,7 @@ class NumpyEngine:
         self.tau[:, L.c0:L.c0 + L.width] = t
         if L.trail:
             self._matrix(v[0], v[1], L.v_bs, L.width, L.rows, L.v_ld)[...] = vv.transpose(0, 2, 1)
+        if L.trail and not L.vt_only:
             zt = matmul(vv, tm).transpose(0, 2, 1)
             self._matrix(z[0], z[1], L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
         self.log.append(("panel", index, epoch))

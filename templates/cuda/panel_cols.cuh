@@ -6,17 +6,20 @@
 // With BLOCKS > 1 the warps are spread over the blocks of one cluster (block g owns the columns of warps
 // g*WARPS .. g*WARPS + WARPS - 1): a producer also pushes each reflector and its tau into every later block's
 // shared memory (st.async, completing on that block's mbarrier of the reflector), so each SM issues for fewer
-// warps; a TRAIL panel's last block, which then holds every reflector, prepares the trailing update alone.
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, int BLOCKS>
+// warps. TRAIL: the panel writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of
+// its own, prepared by the last block, which then holds every reflector. Without WY each producer writes its
+// reflectors' rows of V^T at once, and the panel's aggregate computes T in its merge.
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
+  static constexpr bool PREP = TRAIL && WY;  // G, T and (VT)^T in shared memory and in the last block
   static_assert(S % 2 == 0, "consumers take their columns in pairs");
 
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
   float* taus;                // [NB]
-  float* gram;                // [NB][NB + 1] (TRAIL)
-  float* tmat;                // [NB][NB + 1] (TRAIL)
+  float* gram;                // [NB][NB + 1] (PREP)
+  float* tmat;                // [NB][NB + 1] (PREP)
   unsigned long long* bars;   // [NB]
   int c0, mp, vld, lane, warp, b, g;  // g: this block's rank in the cluster
   unsigned peer[BLOCKS];      // this block's shared memory as seen from each block of the cluster
@@ -63,9 +66,10 @@ struct ColsPanel {
   }
 
   // Reflector of own column I (panel column col) from one reduction of its norm, published at once, then applied to
-  // own columns I+1..S-1 one at a time, the next column (the next reflector's) first.
+  // own columns I+1..S-1 one at a time, the next column (the next reflector's) first; TRAIL without WY: then its
+  // row of V^T.
   template <int I>
-  __device__ __forceinline__ void produce() {
+  __device__ __forceinline__ void produce(float* __restrict__ vt) {
     const int col = (g * WARPS + warp) * S + I;
     if (col >= NB) return;
     float sig = 0.0f, piv = 0.0f;
@@ -109,12 +113,19 @@ struct ColsPanel {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
     }
+    if constexpr (TRAIL && !WY) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = s * 32 + lane;
+        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = v[s];
+      }
+    }
   }
 
   template <int I>
-  __device__ __forceinline__ void produce_all() {
-    produce<I>();
-    if constexpr (I + 1 < S) produce_all<I + 1>();
+  __device__ __forceinline__ void produce_all(float* __restrict__ vt) {
+    produce<I>(vt);
+    if constexpr (I + 1 < S) produce_all<I + 1>(vt);
   }
 
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
@@ -138,7 +149,7 @@ struct ColsPanel {
       }
     }
     consume_all<0>(own > 0 ? gw * S : 0);
-    produce_all<0>();
+    produce_all<0>(vt);
     block_barrier();
 
 #pragma unroll
@@ -153,20 +164,36 @@ struct ColsPanel {
     const int tc = g * WARPS * S + t;  // this block's columns' tau
     if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
 
-    if constexpr (TRAIL) {
+    if constexpr (PREP) {
       if (g != BLOCKS - 1) return;
-      // G = V^T V (entries k < j), one pair per warp at a time, lanes over the rows.
-      for (int pair = warp; pair < NB * NB; pair += WARPS) {
-        const int k = pair / NB, j = pair - k * NB;
-        if (k >= j) continue;
-        float acc = 0.0f;
+      // G = V^T V (entries k < j) in tiles of 4 x 8 entries a warp, lanes over the rows: each lane sums its rows'
+      // products for the tile's 32 entries, and one reduce-scatter (31 shuffles) leaves entry `lane` in lane `lane`.
+      constexpr int KT = cdiv(NB, 4), JT = cdiv(NB, 8);
+      for (int tile = warp; tile < KT * JT; tile += WARPS) {
+        const int k0 = (tile / JT) * 4, j0 = (tile - (tile / JT) * JT) * 8;
+        if (j0 + 7 <= k0) continue;  // no entry k < j
+        float acc[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
-          acc = fmaf(round_input<GRAM>(vs[k * RS + s * 32 + lane]), round_input<GRAM>(vs[j * RS + s * 32 + lane]),
-                     acc);
+          float kv[4], jv[8];
+#pragma unroll
+          for (int a = 0; a < 4; ++a) {
+            kv[a] = k0 + a < NB ? round_input<GRAM>(vs[(k0 + a) * RS + s * 32 + lane]) : 0.0f;
+          }
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            jv[c] = j0 + c < NB ? round_input<GRAM>(vs[(j0 + c) * RS + s * 32 + lane]) : 0.0f;
+          }
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) acc[a * 8 + c] = fmaf(kv[a], jv[c], acc[a * 8 + c]);
         }
-        const float sum = warp_sum(acc);
-        if (lane == 0) gram[k * (NB + 1) + j] = sum;
+        reduce_scatter<16, 32>(acc, lane);
+        const int k = k0 + (lane >> 3), j = j0 + (lane & 7);
+        if (k < j && j < NB) gram[k * (NB + 1) + j] = acc[0];
       }
       block_barrier();
       // T row by row (LAPACK slarft, forward, columnwise): row t depends only on its own entries and on G.
@@ -188,18 +215,18 @@ struct ColsPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, int BLOCKS>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, BLOCKS>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = vs + NB * P::RS;
   float* gram = taus + NB;
-  float* tmat = gram + (TRAIL ? NB * (NB + 1) : 0);
+  float* tmat = gram + (P::PREP ? NB * (NB + 1) : 0);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(
-      tmat + (TRAIL ? NB * (NB + 1) : 0) + ((NB + (TRAIL ? 2 * NB * (NB + 1) : 0)) & 1));
+      tmat + (P::PREP ? NB * (NB + 1) : 0) + ((NB + (P::PREP ? 2 * NB * (NB + 1) : 0)) & 1));
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
   // a reflector of this block: its 32 lanes arrive; of an earlier block: its push (one arrival and the bytes)

@@ -40,6 +40,7 @@ SCHEDULES = [
     _uniform(96, 160, 32, aggregate=32),
     _uniform(150, 150, 8, aggregate=48, precision=Precision("tf32", "tf32", "bf16")),
     _uniform(160, 160, 32, aggregate=96, variant="cols"),
+    _uniform(192, 170, 64, aggregate=64, variant="cols"),
     _uniform(160, 120, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32"), variant="lanes"),
     _uniform(200, 150, 8, aggregate=64, panel_update="rowsplit"),
     _uniform(90, 120, 32, panel_update="rowsplit", variant="lanes"),
@@ -344,7 +345,8 @@ KEPT_AGGREGATED = [_uniform(200, 200, 16, aggregate=64), _uniform(300, 130, 16, 
                    _uniform(192, 160, 16, aggregate=64, precision=Precision("fp16", "bf16", "fp16"),
                             panel_update="rowsplit"),
                    _uniform(300, 170, 16, aggregate=48, lookahead=2, panel_update="fused", reach=True),
-                   _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes", reach=True)]
+                   _uniform(130, 230, 32, aggregate=32, lookahead=1, variant="lanes", reach=True),
+                   _uniform(192, 170, 64, aggregate=64, variant="cols")]  # panels writing V^T alone
 
 
 @pytest.mark.parametrize("schedule", KEPT_AGGREGATED, ids=_id)

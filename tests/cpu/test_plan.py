@@ -1,6 +1,7 @@
 """CPU layer: planning (kernel specs, launches, the families' resource models) and rendering (the strict Jinja
 environment, the constants and launch signatures in the sources), without NVRTC."""
 import ctypes
+import dataclasses
 import json
 import re
 
@@ -46,7 +47,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     first = render_all(s, SM90)
     assert [r.source for r in first] == [r.source for r in render_all(s, SM90)]
     src = first[0].source
-    assert "Do not edit" in src and "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, 2>" in src  # one kernel
+    assert "Do not edit" in src and "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2>" in src  # one kernel
     lanes_src = render_all(default_schedule(Problem(176, 176, 200)), SM90)[0].source  # past one block per SM: lanes
     assert "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false>" in lanes_src
     rows_src = render_all(default_schedule(Problem(176, 176, 640)), SM90)[0].source  # past two blocks per SM: rows
@@ -73,6 +74,26 @@ def test_cols_plan_shared_memory_and_names():
     assert launches[0].shared_bytes == cols.shared_bytes_of(96, 6, True) > 48 * 1024
     assert launches[1].shared_bytes == cols.shared_bytes_of(80, 3, False)
     assert kernels[0].name == "qr_cols_w96_c4_s6_v4_trail"
+
+
+def test_cols_panels_write_vt_alone_where_no_products_of_their_own_follow():
+    """A cols panel whose aggregate's merge computes T (no products of its own) writes V^T alone: no G, T or
+    (VT)^T in its shared memory, a name of its own; a panel with products of its own keeps them."""
+    from kernel_cases import COLS_SCHEDULES
+
+    launches = plan(COLS_SCHEDULES[7]).launches
+    assert [(L.nc, L.trail, L.vt_only) for L in launches] == [(64, True, False), (0, True, True), (8, True, False),
+                                                              (0, False, False)]
+    assert launches[1].kernel.endswith("_vt") and launches[0].kernel.endswith("_trail")
+    assert launches[1].shared_bytes == cols.shared_bytes_of(64, 8, False)
+    assert launches[0].shared_bytes == cols.shared_bytes_of(64, 10, True)
+    assert plan(COLS_SCHEDULES[7], keep=True).launches[1].vt_only  # Q takes its aggregate's merged (VT)^T
+    # one panel an aggregate of 128 at 352 rows: V^T alone fits, V^T with G and T does not
+    wide = Schedule(352, 352, (Panel(128, "cols", 512, 2, 4, cluster=True),) * 2
+                    + (Panel(96, "cols", 384, 2, 4, cluster=True),), aggregate=128)
+    assert plan(wide).launches[0].shared_bytes <= SM90.limits.shared_bytes < cols.shared_bytes_of(128, 11, True)
+    with pytest.raises(ValueError, match="shared memory"):
+        check(dataclasses.replace(wide, aggregate=0), SM90)
 
 
 def test_cols_shared_memory_budget_is_checked():
