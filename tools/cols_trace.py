@@ -1,7 +1,7 @@
 """A cols panel as the whole factorization of square matrices (the seed's one-kernel design), timed and traced column
 by column, with source variants of its producer and consumers (needs a CUDA GPU).
 
-    python3 tools/cols_trace.py 40x176 --variant shipped --variant branches --variant butterfly --variant noskip --trace
+    python3 tools/cols_trace.py 40x176 --variant shipped --variant branches --variant butterfly --trace
 
 A case is BATCHxN: one cols panel N columns wide over N x N matrices (slice 8: 32 * N / 8 threads; --slice to
 change; --blocks 2: the warps on a cluster of two blocks). Each variant is the rendered kernel
@@ -9,7 +9,6 @@ change; --blocks 2: the warps on a cluster of two blocks). Each variant is the r
   shipped    as rendered;
   branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
-  noskip     consumers multiply every slot, also those above the reflector's first row;
   nextfirst  a producer updates its next column before it publishes the reflector (tau, arrival, pushes), its
              other columns after;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
@@ -41,14 +40,13 @@ from qrgen.targets import Target
 BRANCHES = ("make_reflector<true>(warp_shuffle", "make_reflector<false>(warp_shuffle")
 SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
 SCATTER_END = "      d[0] = upper ? other : d[0];\n"
-SKIP = "for (int s = J; s < SLOTS; ++s)"
 PUBLISHED = "    mbar_arrive(bars + col);\n"
 CONSUMED = "    for (int c = 32 * J; c < last; ++c) consume<J>(c);\n"
 TRACED = 16  # reflectors whose every consumption is clocked
 TRACE_WARPS = 64  # room for every warp of a panel (32 a block, 2 blocks)
 TRACE_BUFFER = ("__device__ unsigned qr_trace_clock[64 * 1024];\n"
                 f"__device__ unsigned qr_trace_consumed[64 * {TRACED} * {TRACE_WARPS}];\n")
-VARIANTS = ("shipped", "branches", "butterfly", "noskip", "nextfirst")
+VARIANTS = ("shipped", "branches", "butterfly", "nextfirst")
 PUBLISH_START = "    if (lane == 0) taus[col] = f.tau;\n"
 PUBLISH_END = "#pragma unroll\n    for (int k = I + 1; k < S; ++k) {\n"
 UPDATE_END = "      for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);\n"
@@ -91,8 +89,6 @@ def variant_source(source: str, variant: str) -> str:
             source = (source[:i] + "    auto publish = [&]() {\n" + publish + "    };\n" + source[j:e]
                       + "      if (k == I + 1) publish();\n" + source[e:e + len("    }\n")]
                       + "    if constexpr (I + 1 >= S) publish();\n" + source[e + len("    }\n"):])
-        elif part == "noskip":
-            source = _replace(source, SKIP, "for (int s = 0; s < SLOTS; ++s)")
     return source
 
 

@@ -256,7 +256,7 @@ def test_cols_trace_tool_patches_the_current_template():
         rendered, shared = script.kernel(176, slice_, SM90, blocks)
         assert shared > 48 * 1024
         extra = ("nextfirst",) if blocks > 1 else ()
-        for variant in ("branches", "butterfly", "noskip", "branches+butterfly+noskip") + extra:
+        for variant in ("branches", "butterfly", "branches+butterfly") + extra:
             source = script.variant_source(rendered.source, variant)
             assert source != rendered.source
             items += [(f"{rendered.name}_{len(items)}", source),
