@@ -46,6 +46,20 @@ __device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p
 __device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 __device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
 
+// The hardware's reciprocal square root and reciprocal for operands the caller keeps normal, with normal results:
+// the values of rsqrtf(x) and __fdividef(1, x), without the rescaling of denormal operands that the compiler puts
+// around those (their flush-to-zero forms; MSL: rsqrt, fast::divide, which flush denormals too).
+__device__ __forceinline__ float rsqrt_normal(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_normal(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
 // simd_shuffle_xor).
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }

@@ -35,6 +35,20 @@ __device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p
 __device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 __device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
 
+// The hardware's reciprocal square root and reciprocal for operands the caller keeps normal, with normal results:
+// the values of rsqrtf(x) and __fdividef(1, x), without the rescaling of denormal operands that the compiler puts
+// around those (their flush-to-zero forms; MSL: rsqrt, fast::divide, which flush denormals too).
+__device__ __forceinline__ float rsqrt_normal(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_normal(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
 // simd_shuffle_xor).
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
@@ -130,17 +144,18 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
     // No branches (one-warp lanes panels and cols producers, whose column chains are the kernel): below FLT_MIN the
     // sum is scaled by 2^64 into the normal range for the hardware reciprocal square root and the results scaled
     // back by 2^32; with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
+    // Both hardware operands are normal (|alpha - beta| >= norm >= 2^-75), so their flush-to-zero forms apply.
     const float s = fmaf(alpha, alpha, sigma);
     const bool tiny = s < 1.17549435e-38f;
     const float sc = tiny ? s * 18446744073709551616.0f : s;
-    const float inv_sc = rsqrtf(sc);
+    const float inv_sc = rsqrt_normal(sc);
     const float norm = (sc * inv_sc) * (tiny ? 2.3283064365386963e-10f : 1.0f);
     const float inv_norm = inv_sc * (tiny ? 4294967296.0f : 1.0f);
     const float beta = alpha >= 0.0f ? -norm : norm;
     const bool identity = sigma == 0.0f;
     r.beta = identity ? alpha : beta;
     r.tau = identity ? 0.0f : fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
-    r.scale = identity ? 1.0f : __fdividef(1.0f, alpha - beta);
+    r.scale = identity ? 1.0f : rcp_normal(alpha - beta);
     return r;
   }
   if (sigma == 0.0f) {
@@ -150,12 +165,12 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   } else {
     // The hardware reciprocal square root (2 ulp) where s is a normal number, so the column's chain has no IEEE
     // sqrt and division sequences with their slow-path branches; below FLT_MIN the IEEE path (MUFU.RSQ would see a
-    // denormal as zero). tau = (beta - alpha) / beta = 1 - alpha / beta. |alpha - beta| >= norm >= 1e-19 and far
-    // below 2^126, where __fdividef is exact to 2 ulp.
+    // denormal as zero). tau = (beta - alpha) / beta = 1 - alpha / beta. |alpha - beta| >= norm >= 1e-23 and far
+    // below 2^126, where the hardware reciprocal is exact to 1 ulp and its operand normal.
     const float s = fmaf(alpha, alpha, sigma);
     float norm, inv_norm;
     if (s >= 1.17549435e-38f) {
-      inv_norm = rsqrtf(s);
+      inv_norm = rsqrt_normal(s);
       norm = s * inv_norm;
     } else {
       norm = sqrtf(s);
@@ -163,7 +178,7 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
     }
     r.beta = alpha >= 0.0f ? -norm : norm;
     r.tau = fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
-    r.scale = __fdividef(1.0f, alpha - r.beta);
+    r.scale = rcp_normal(alpha - r.beta);
   }
   return r;
 }
@@ -361,17 +376,20 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 // With BLOCKS > 1 the warps are spread over the blocks of one cluster (block g owns the columns of warps
 // g*WARPS .. g*WARPS + WARPS - 1): a producer also pushes each reflector and its tau into every later block's
 // shared memory (st.async, completing on that block's mbarrier of the reflector), so each SM issues for fewer
-// warps; a TRAIL panel's last block, which then holds every reflector, prepares the trailing update alone.
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, int BLOCKS>
+// warps. TRAIL: the panel writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of
+// its own, prepared by the last block, which then holds every reflector. Without WY each producer writes its
+// reflectors' rows of V^T at once, and the panel's aggregate computes T in its merge.
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
+  static constexpr bool PREP = TRAIL && WY;  // G, T and (VT)^T in shared memory and in the last block
   static_assert(S % 2 == 0, "consumers take their columns in pairs");
 
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
   float* taus;                // [NB]
-  float* gram;                // [NB][NB + 1] (TRAIL)
-  float* tmat;                // [NB][NB + 1] (TRAIL)
+  float* gram;                // [NB][NB + 1] (PREP)
+  float* tmat;                // [NB][NB + 1] (PREP)
   unsigned long long* bars;   // [NB]
   int c0, mp, vld, lane, warp, b, g;  // g: this block's rank in the cluster
   unsigned peer[BLOCKS];      // this block's shared memory as seen from each block of the cluster
@@ -418,9 +436,10 @@ struct ColsPanel {
   }
 
   // Reflector of own column I (panel column col) from one reduction of its norm, published at once, then applied to
-  // own columns I+1..S-1 one at a time, the next column (the next reflector's) first.
+  // own columns I+1..S-1 one at a time, the next column (the next reflector's) first; TRAIL without WY: then its
+  // row of V^T.
   template <int I>
-  __device__ __forceinline__ void produce() {
+  __device__ __forceinline__ void produce(float* __restrict__ vt) {
     const int col = (g * WARPS + warp) * S + I;
     if (col >= NB) return;
     float sig = 0.0f, piv = 0.0f;
@@ -464,12 +483,19 @@ struct ColsPanel {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
     }
+    if constexpr (TRAIL && !WY) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int r = s * 32 + lane;
+        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = v[s];
+      }
+    }
   }
 
   template <int I>
-  __device__ __forceinline__ void produce_all() {
-    produce<I>();
-    if constexpr (I + 1 < S) produce_all<I + 1>();
+  __device__ __forceinline__ void produce_all(float* __restrict__ vt) {
+    produce<I>(vt);
+    if constexpr (I + 1 < S) produce_all<I + 1>(vt);
   }
 
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
@@ -493,7 +519,7 @@ struct ColsPanel {
       }
     }
     consume_all<0>(own > 0 ? gw * S : 0);
-    produce_all<0>();
+    produce_all<0>(vt);
     block_barrier();
 
 #pragma unroll
@@ -508,20 +534,36 @@ struct ColsPanel {
     const int tc = g * WARPS * S + t;  // this block's columns' tau
     if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
 
-    if constexpr (TRAIL) {
+    if constexpr (PREP) {
       if (g != BLOCKS - 1) return;
-      // G = V^T V (entries k < j), one pair per warp at a time, lanes over the rows.
-      for (int pair = warp; pair < NB * NB; pair += WARPS) {
-        const int k = pair / NB, j = pair - k * NB;
-        if (k >= j) continue;
-        float acc = 0.0f;
+      // G = V^T V (entries k < j) in tiles of 4 x 8 entries a warp, lanes over the rows: each lane sums its rows'
+      // products for the tile's 32 entries, and one reduce-scatter (31 shuffles) leaves entry `lane` in lane `lane`.
+      constexpr int KT = cdiv(NB, 4), JT = cdiv(NB, 8);
+      for (int tile = warp; tile < KT * JT; tile += WARPS) {
+        const int k0 = (tile / JT) * 4, j0 = (tile - (tile / JT) * JT) * 8;
+        if (j0 + 7 <= k0) continue;  // no entry k < j
+        float acc[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
-          acc = fmaf(round_input<GRAM>(vs[k * RS + s * 32 + lane]), round_input<GRAM>(vs[j * RS + s * 32 + lane]),
-                     acc);
+          float kv[4], jv[8];
+#pragma unroll
+          for (int a = 0; a < 4; ++a) {
+            kv[a] = k0 + a < NB ? round_input<GRAM>(vs[(k0 + a) * RS + s * 32 + lane]) : 0.0f;
+          }
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            jv[c] = j0 + c < NB ? round_input<GRAM>(vs[(j0 + c) * RS + s * 32 + lane]) : 0.0f;
+          }
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) acc[a * 8 + c] = fmaf(kv[a], jv[c], acc[a * 8 + c]);
         }
-        const float sum = warp_sum(acc);
-        if (lane == 0) gram[k * (NB + 1) + j] = sum;
+        reduce_scatter<16, 32>(acc, lane);
+        const int k = k0 + (lane >> 3), j = j0 + (lane & 7);
+        if (k < j && j < NB) gram[k * (NB + 1) + j] = acc[0];
       }
       block_barrier();
       // T row by row (LAPACK slarft, forward, columnwise): row t depends only on its own entries and on G.
@@ -543,18 +585,18 @@ struct ColsPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, int BLOCKS>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, BLOCKS>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = vs + NB * P::RS;
   float* gram = taus + NB;
-  float* tmat = gram + (TRAIL ? NB * (NB + 1) : 0);
+  float* tmat = gram + (P::PREP ? NB * (NB + 1) : 0);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(
-      tmat + (TRAIL ? NB * (NB + 1) : 0) + ((NB + (TRAIL ? 2 * NB * (NB + 1) : 0)) & 1));
+      tmat + (P::PREP ? NB * (NB + 1) : 0) + ((NB + (P::PREP ? 2 * NB * (NB + 1) : 0)) & 1));
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
   // a reflector of this block: its 32 lanes arrive; of an earlier block: its push (one arrival and the bytes)
@@ -573,6 +615,6 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(704, 1) __cluster_dims__(2, 1, 1)
 qr_cols_w176_c4_x2_s6_v4(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
-  panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, 2>(
+  panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

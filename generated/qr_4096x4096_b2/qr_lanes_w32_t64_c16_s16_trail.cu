@@ -35,6 +35,20 @@ __device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p
 __device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 __device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) { return atomicMax(p, v); }
 
+// The hardware's reciprocal square root and reciprocal for operands the caller keeps normal, with normal results:
+// the values of rsqrtf(x) and __fdividef(1, x), without the rescaling of denormal operands that the compiler puts
+// around those (their flush-to-zero forms; MSL: rsqrt, fast::divide, which flush denormals too).
+__device__ __forceinline__ float rsqrt_normal(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_normal(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
 // simd_shuffle_xor).
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
@@ -130,17 +144,18 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
     // No branches (one-warp lanes panels and cols producers, whose column chains are the kernel): below FLT_MIN the
     // sum is scaled by 2^64 into the normal range for the hardware reciprocal square root and the results scaled
     // back by 2^32; with sigma == 0 the reflector is the identity (tau 0), whatever the arithmetic beside it gave.
+    // Both hardware operands are normal (|alpha - beta| >= norm >= 2^-75), so their flush-to-zero forms apply.
     const float s = fmaf(alpha, alpha, sigma);
     const bool tiny = s < 1.17549435e-38f;
     const float sc = tiny ? s * 18446744073709551616.0f : s;
-    const float inv_sc = rsqrtf(sc);
+    const float inv_sc = rsqrt_normal(sc);
     const float norm = (sc * inv_sc) * (tiny ? 2.3283064365386963e-10f : 1.0f);
     const float inv_norm = inv_sc * (tiny ? 4294967296.0f : 1.0f);
     const float beta = alpha >= 0.0f ? -norm : norm;
     const bool identity = sigma == 0.0f;
     r.beta = identity ? alpha : beta;
     r.tau = identity ? 0.0f : fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
-    r.scale = identity ? 1.0f : __fdividef(1.0f, alpha - beta);
+    r.scale = identity ? 1.0f : rcp_normal(alpha - beta);
     return r;
   }
   if (sigma == 0.0f) {
@@ -150,12 +165,12 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
   } else {
     // The hardware reciprocal square root (2 ulp) where s is a normal number, so the column's chain has no IEEE
     // sqrt and division sequences with their slow-path branches; below FLT_MIN the IEEE path (MUFU.RSQ would see a
-    // denormal as zero). tau = (beta - alpha) / beta = 1 - alpha / beta. |alpha - beta| >= norm >= 1e-19 and far
-    // below 2^126, where __fdividef is exact to 2 ulp.
+    // denormal as zero). tau = (beta - alpha) / beta = 1 - alpha / beta. |alpha - beta| >= norm >= 1e-23 and far
+    // below 2^126, where the hardware reciprocal is exact to 1 ulp and its operand normal.
     const float s = fmaf(alpha, alpha, sigma);
     float norm, inv_norm;
     if (s >= 1.17549435e-38f) {
-      inv_norm = rsqrtf(s);
+      inv_norm = rsqrt_normal(s);
       norm = s * inv_norm;
     } else {
       norm = sqrtf(s);
@@ -163,7 +178,7 @@ __device__ __forceinline__ Reflector make_reflector(float alpha, float sigma) {
     }
     r.beta = alpha >= 0.0f ? -norm : norm;
     r.tau = fmaf(alpha, alpha >= 0.0f ? inv_norm : -inv_norm, 1.0f);
-    r.scale = __fdividef(1.0f, alpha - r.beta);
+    r.scale = rcp_normal(alpha - r.beta);
   }
   return r;
 }
