@@ -42,7 +42,7 @@ COLS_SCHEDULES = [
     # in aggregates: each panel its aggregate's only one (V^T alone: KernelSpec.vt_only) ...
     Schedule(352, 352, (Panel(96, "cols", 384, 2, 4, cluster=True),) * 3
              + (Panel(64, "cols", 256, 2, 4, cluster=True),), aggregate=96),
-    # ... and two a aggregate: the first with products of its own ((VT)^T), the second V^T alone
+    # ... and two an aggregate: the first with products of its own ((VT)^T), the second V^T alone
     Schedule(300, 200, (Panel(64, "cols", 256, 2, 4, cluster=True), Panel(64, "cols", 512, 1, 4),
                         Panel(64, "cols", 256, 2, 4, cluster=True), Panel(8, "cols", 128, 1, 2)), aggregate=128),
 ]

@@ -309,25 +309,27 @@ __device__ __forceinline__ void push_peer(float* p, float v, unsigned long long*
                :: "r"(peer_address(p, rank)), "r"(__float_as_uint(v)), "r"(peer_address(bar, rank)) : "memory");
 }
 
-// push_peer with the address of `base` (this block's shared memory) in block `rank` given (peer_base, from
-// peer_address(base, rank) once, not two mapa a push): a variable's address there is peer_base plus its offset
-// from base here.
-__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
-                                             unsigned long long* bar) {
-  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(p) - here)), "r"(__float_as_uint(v)),
-               "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)) : "memory");
+// The address of the same shared variable as `p` in the block where `base` (this block's shared memory) is at
+// peer_base (from peer_address(base, rank) once, not one mapa an access): peer_base plus p's offset from base here.
+__device__ __forceinline__ unsigned peer_at(unsigned peer_base, const void* base, const void* p) {
+  return peer_base + ((unsigned)__cvta_generic_to_shared(p) - (unsigned)__cvta_generic_to_shared(base));
 }
 
-// One arrival on the mbarrier at the address of `bar` in the block whose shared memory starts at peer_base (see
-// push_peer_at), expecting `bytes` more pushed bytes in this phase (they may have arrived already). Relaxed: the
-// pushed bytes complete on that mbarrier themselves, and a release at cluster scope compiles to MEMBAR.ALL.GPU.
+// push_peer at peer_at's addresses.
+__device__ __forceinline__ void push_peer_at(unsigned peer_base, const void* base, float* p, float v,
+                                             unsigned long long* bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(peer_at(peer_base, base, p)), "r"(__float_as_uint(v)), "r"(peer_at(peer_base, base, bar))
+               : "memory");
+}
+
+// One arrival on the mbarrier at peer_at's address of `bar`, expecting `bytes` more pushed bytes in this phase
+// (they may have arrived already). Relaxed: the pushed bytes complete on that mbarrier themselves, and a release at
+// cluster scope compiles to MEMBAR.ALL.GPU.
 __device__ __forceinline__ void mbar_arrive_expect_peer(unsigned peer_base, const void* base,
                                                         unsigned long long* bar, unsigned bytes) {
-  const unsigned here = (unsigned)__cvta_generic_to_shared(base);
   asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;"
-               :: "r"(peer_base + ((unsigned)__cvta_generic_to_shared(bar) - here)), "r"(bytes) : "memory");
+               :: "r"(peer_at(peer_base, base, bar)), "r"(bytes) : "memory");
 }
 
 // 16 bytes at the address of the same variable as `p` in the shared memory of cluster block `rank` (the fused
@@ -345,15 +347,20 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The cluster panels' exchange: thread 0 initializes this block's two mbarriers (one per parity of the column),
-// and no block pushes into another before every block's are initialized.
+// After this block's threads initialized its mbarriers: the cluster waits until every block's are, so that no
+// block pushes into another's before (the initializing threads' fence releases them to the cluster).
+__device__ __forceinline__ void cluster_mbarriers_ready(bool initialized_here) {
+  if (initialized_here) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  cluster_sync();
+}
+
+// The cluster panels' exchange: thread 0 initializes this block's two mbarriers (one per parity of the column).
 __device__ __forceinline__ void cluster_exchange_init(unsigned long long* bar, int t) {
   if (t == 0) {
     mbar_init(&bar[0], 1);
     mbar_init(&bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  cluster_sync();
+  cluster_mbarriers_ready(t == 0);
 }
 
 // Feature "flags": counters in global memory between the blocks that share one matrix's panel (without clusters),
@@ -604,8 +611,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, b, g, {}, vbs};
   if constexpr (BLOCKS > 1) {
     for (int p = 0; p < BLOCKS; ++p) panel.peer[p] = peer_address(smem, p);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    cluster_sync();  // no block pushes before every block's mbarriers are initialized
+    cluster_mbarriers_ready(true);
   } else {
     block_barrier();
   }

@@ -23,7 +23,7 @@ class KernelSpec:
     loop: bool = False  # the loop over columns is not unrolled (Panel.loop)
     formq: bool = False  # lanes: writes Q and R (qrgen.qr, mode "reduced") instead of h and tau (fused_q_kernel)
     kind: str = ""  # a product family's member (tf32x3: "project", "project64", "update", "gram")
-    vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.own_products)
+    vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.panel_outputs)
 
 
 @dataclass(frozen=True)

@@ -234,8 +234,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, b, g, {}, vbs};
   if constexpr (BLOCKS > 1) {
     for (int p = 0; p < BLOCKS; ++p) panel.peer[p] = peer_address(smem, p);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    cluster_sync();  // no block pushes before every block's mbarriers are initialized
+    cluster_mbarriers_ready(true);
   } else {
     block_barrier();
   }
