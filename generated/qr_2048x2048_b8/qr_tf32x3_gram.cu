@@ -197,9 +197,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_tf32x3_gram(
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int wm = warp / 2, wn = warp % 2;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
 
-  if (m0 >= n0 + BN) return;  // a tile wholly below the diagonal: only G's upper part is read (by the T kernel)
+  // Only G's upper part is read (by the T kernel): blockIdx.x numbers the tiles (i, j) with i <= j row by row
+  // (tf32x3.grid), so that no block is launched for a tile wholly below the diagonal.
+  static_assert(BM == BN, "square tiles: the diagonal tiles hold the diagonal");
+  int m0 = 0, idx = blockIdx.x;
+  for (int row_tiles = (N + BN - 1) / BN; idx >= row_tiles; --row_tiles) {
+    idx -= row_tiles;
+    m0 += BM;
+  }
+  const int n0 = m0 + idx * BN;
 
   // blockIdx.z: matrix z / splits, and its part z % splits of K (whole steps of BK each, the last part shorter or
   // empty), written splits apart (ss floats): the caller adds the parts, as the T kernel does G's.

@@ -30,7 +30,16 @@ def check(panel) -> None:
     if panel.threads != threads or panel.threads > 1024:
         raise ValueError(f"Panel.threads must be 32 * ceil(ceil(width / slice) / blocks) = {threads} (at most 1024) "
                          f"for variant 'cols', got {panel.threads}")
+    if not owns_columns(panel.width, panel.slice, panel.blocks):
+        raise ValueError(f"a cols panel of {panel.width} columns with {panel.slice} a warp leaves the last of its "
+                         f"{panel.blocks} blocks no columns (it would leave the cluster while the others write to "
+                         f"it): take more columns, a narrower slice or one block")
     family.check_no(panel, "tile")
+
+
+def owns_columns(width: int, slice_: int, blocks: int) -> bool:
+    """Whether every block of the panel owns columns (the warps of the last block hold some)."""
+    return math.ceil(width / slice_) > (blocks - 1) * cols_threads(width, slice_, blocks) // 32
 
 
 def cols_threads(width: int, slice_: int, blocks: int = 1) -> int:

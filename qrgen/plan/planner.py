@@ -137,7 +137,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
     kept = kept_blocks(launches, aggs) if keep else ()
     for block in kept:
         if tf32x3.q_precision(block.width) == "tf32x3":
-            kinds |= {tf32x3.project_kind(block.width), "update"}  # Q's W = V^T P and P -= (V T) W
+            kinds |= tf32x3.project_kinds(block.width) | {"update"}  # Q's W = V^T P and P -= (V T) W
     kernels += [tf32x3.kernel(kind) for kind in tf32x3.CONFIGS if kind in kinds]
     return Plan(tuple(kernels), tuple(launches), aggs, kept, keep)
 

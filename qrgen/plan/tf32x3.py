@@ -3,7 +3,7 @@ remainder (templates/cuda/tf32x3.cu.j2, cp.async-pipelined), for the trailing up
 precision says "tf32x3", the aggregates' merges, and Q's products. The kernels are the same for every schedule:
 
   project    W = Z^T C, A = Z^T with K contiguous
-  project64  a projection of at most 64 rows (aggregates of 64), on 64 x 64 tiles
+  project64  a projection of at most 64 rows (aggregates of 64), or of at most 128 in a small grid, on 64 x 64 tiles
   update     C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous)
   gram       an aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that
              reach G's upper part
@@ -31,16 +31,20 @@ CONFIGS = {
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
                  b_kcontig=True, upper_only=True),
 }
+SMALL_GRID = 2  # projections of up to 128 rows take 64-row tiles below this many 128-row tiles an SM (project_kind)
 MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
 # a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta, parts of K, floats between the parts' outputs
 SIGNATURE = "PILPILPILIIIFFIL"
 
 
 def grid(kind: str, rows: int, cols: int, matrices: int) -> tuple[int, int, int] | None:
-    """The kernel's grid for a product of rows x cols per matrix (column tiles, row tiles, matrices); None where
-    grid.y or grid.z exceeds CUDA's limit (millions of rows, a batch past GRID_YZ): cuBLAS takes those."""
+    """The kernel's grid for a product of rows x cols per matrix (column tiles, row tiles, matrices; for the gram
+    kernel the tiles on and above the diagonal, in x: docs/decisions.md#gemm3-gram-upper-grid); None where grid.y or
+    grid.z exceeds CUDA's limit (millions of rows, a batch past GRID_YZ): cuBLAS takes those."""
     cfg = CONFIGS[kind]
     out = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), matrices)
+    if cfg["upper_only"]:  # the tiles on and above the diagonal only, numbered in x (the kernel's decode)
+        out = (out[0] * (out[0] + 1) // 2, 1, matrices)
     return None if max(out[1:]) > GRID_YZ else out
 
 
@@ -76,9 +80,24 @@ def features(spec: KernelSpec) -> tuple[str, ...]:
     return (TF32_MMA, ASYNC_COPY)
 
 
-def project_kind(rows: int) -> str:
-    """The kernel of a projection W = Z^T C with `rows` rows (the aggregate's or panel's width)."""
-    return "project64" if rows <= CONFIGS["project64"]["bm"] else "project"
+def project_kind(rows: int, cols: int = 0, matrices: int = 0, sms: int = 0) -> str:
+    """The kernel of a projection W = Z^T C with `rows` rows (the aggregate's or panel's width) and `cols` columns
+    for `matrices` matrices on `sms` SMs: 64-row tiles up to 64 rows, and up to 128 rows where 128-row tiles would
+    give the SMs fewer than SMALL_GRID blocks each (docs/decisions.md#gemm3-project64; sms 0: not that rule, as
+    beside a lookahead's side stream); else 128-row tiles."""
+    if rows <= CONFIGS["project64"]["bm"]:
+        return "project64"
+    if rows <= 2 * CONFIGS["project64"]["bm"] and sms:
+        x, y, z = -(-cols // CONFIGS["project"]["bn"]), -(-rows // CONFIGS["project"]["bm"]), matrices
+        if x * y * z < SMALL_GRID * sms:
+            return "project64"
+    return "project"
+
+
+def project_kinds(rows: int) -> set[str]:
+    """The kernels a projection of `rows` rows may take (project_kind, whatever its columns and batch)."""
+    return {"project64"} if rows <= CONFIGS["project64"]["bm"] else (
+        {"project", "project64"} if rows <= 2 * CONFIGS["project64"]["bm"] else {"project"})
 
 
 def kinds(schedule) -> tuple[str, ...]:
@@ -90,7 +109,7 @@ def kinds(schedule) -> tuple[str, ...]:
     p, aggs = schedule.precision, aggregates(schedule)
     # the projections' rows: each aggregate's width where columns lie right of it, each panel's that the kernels take
     widths = {a.a1 - a.a0 for a in aggs if a.nc > 0} | {w.width for w in schedule.panels if w.width >= MIN}
-    projects = {project_kind(w) for w in widths if w >= MIN} if p.project == "tf32x3" else set()
+    projects = set().union(*(project_kinds(w) for w in widths if w >= MIN)) if p.project == "tf32x3" else set()
     wide = any(a.a1 - a.a0 >= MIN for a in aggs)  # a G the kernels take
     return tuple(kind for kind, used in (("project", "project" in projects), ("project64", "project64" in projects),
                                          ("update", p.update == "tf32x3" and bool(widths or aggs)),

@@ -198,7 +198,9 @@ class CudaEngine:
             return False
         if min(rows, cols, depth) < tf32x3.MIN:  # a panel's thin products: cuBLAS splits them better
             return False
-        kind = tf32x3.project_kind(rows) if kind == "project" else kind
+        if kind == "project":  # small grids on 64-row tiles, except beside a lookahead's side stream
+            sms = 0 if self.fac.schedule.lookahead else self.ws.sms
+            kind = tf32x3.project_kind(rows, cols, self.nb * parts, sms)
         grid = tf32x3.grid(kind, rows, cols, self.nb * parts)
         if grid is None:
             return False

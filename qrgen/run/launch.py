@@ -206,7 +206,9 @@ def tf32x3_matmul(a, b, c, alpha: float, beta: float) -> bool:
     batch, rows, depth = a.shape
     cols = b.shape[2]
     (sa, a1, a2), (sb, ldb, b2), (sc, ldc, c2) = ((v // 4 for v in x.strides) for x in (a, b, c))
-    kind, lda = (tf32x3.project_kind(rows), a1) if a2 == 1 else ("update", a2) if a1 == 1 else (None, 0)
+    sms = sm_count(cupy.cuda.Device().id)
+    kind, lda = ((tf32x3.project_kind(rows, cols, batch, sms), a1) if a2 == 1 else ("update", a2) if a1 == 1
+                 else (None, 0))
     if kind is None or b2 != 1 or c2 != 1 or b.shape[0] != batch or c.shape[0] != batch:
         return False
     if min(rows, cols, depth) < tf32x3.MIN or any(x.dtype != cupy.float32 or x.data.ptr % 16 for x in (a, b, c)):

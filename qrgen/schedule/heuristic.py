@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..problem import Problem
 from ..targets import CLUSTERS, Target
 from .model import Panel, Precision, Schedule
-from .panels import SM90, cluster_lanes_panel, default_panel, lanes_panel, tsqr_panel, with_loop
+from .panels import SM90, cluster_lanes_panel, cols_panel, default_panel, lanes_panel, tsqr_panel, with_loop
 
 LANES_MAX_BATCH = 264  # lanes panels up to this many matrices (docs/decisions.md#lanes-max-batch)
 DEFAULT_AGGREGATE = 128  # columns per aggregate (docs/decisions.md#aggregate-default)
@@ -41,6 +41,8 @@ COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs:
 COLS_SLICE = 8
 COLS_CLUSTER_MAX_BATCH = 66  # up to this many matrices, each on a cluster of 2 blocks (one wave of pairs of SMs) ...
 COLS_CLUSTER_SLICE = 4  # ... with warps of 4 columns (docs/decisions.md#cols-cluster)
+COLS_AGGREGATE_WIDTHS = (128, 64)  # where one cols panel does not fit: cols panels of the widest of these that fits,
+COLS_AGGREGATE_MAX_ROWS = 512  # each its own aggregate, up to this many rows (docs/decisions.md#cols-aggregates-default)
 
 
 @dataclass(frozen=True)
@@ -160,24 +162,55 @@ def default_whole(problem: Problem) -> Panel | None:
     return Panel(problem.k, "whole", threads, slice=slice_)
 
 
+def _cols_shapes(problem: Problem) -> tuple[tuple[int, int], ...]:
+    """(slice, blocks) of the default's cols panels in order of preference: a cluster of two blocks with 4 columns a
+    warp for at most COLS_CLUSTER_MAX_BATCH matrices, then one block with 8."""
+    cluster = ((COLS_CLUSTER_SLICE, 2),) if problem.batch <= COLS_CLUSTER_MAX_BATCH else ()
+    return cluster + ((COLS_SLICE, 1),)
+
+
 def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
     """The default's one cols panel over all n columns (COLS_FROM, COLS_MAX_BATCH, n <= m): on a cluster of 2 blocks
     a matrix for at most COLS_CLUSTER_MAX_BATCH matrices where the target has clusters and fits it, else on one block
     where that fits; or None."""
-    from ..plan.cols import cols_threads
     from ..plan.planner import check
 
     n = problem.n
     if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= problem.m:
         return None
-    shapes = ((COLS_CLUSTER_SLICE, 2),) if problem.batch <= COLS_CLUSTER_MAX_BATCH else ()
-    for slice_, blocks in shapes + ((COLS_SLICE, 1),):
+    for slice_, blocks in _cols_shapes(problem):
         try:  # Panel refuses more than 1024 threads, check what the target cannot hold or run
-            panel = Panel(n, "cols", cols_threads(n, slice_, blocks), blocks, slice_, cluster=blocks > 1)
+            panel = cols_panel(n, slice_, blocks)
             check(Schedule(problem.m, n, (panel,)), target)
         except ValueError:
             continue
         return panel
+    return None
+
+
+def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule | None:
+    """Where one cols panel does not fit (default_cols) and m <= COLS_AGGREGATE_MAX_ROWS: cols panels of the widest
+    of COLS_AGGREGATE_WIDTHS the target fits (the same slices and clusters), each its own aggregate, the aggregates'
+    products in tf32x3 (docs/decisions.md#cols-aggregates-default); or None, also for one matrix that
+    default_cluster puts on clusters (from CLUSTER_FROM rows)."""
+    from ..plan.planner import check
+    from ..plan.tf32x3 import without_idle
+
+    m, n = problem.m, problem.n
+    if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS:
+        return None
+    if problem.batch == 1 and default_cluster(problem, target):  # one matrix on the widest clusters instead
+        return None
+    for slice_, blocks in _cols_shapes(problem):
+        for width in COLS_AGGREGATE_WIDTHS:
+            try:
+                panels = tuple(cols_panel(min(width, n - col), slice_, blocks) for col in range(0, n, width))
+                schedule = without_idle(Schedule(m, n, panels, Precision(project="tf32x3", update="tf32x3"),
+                                                 fit_aggregate(width, target)))
+                check(schedule, target)
+            except ValueError:
+                continue
+            return schedule
     return None
 
 
@@ -187,6 +220,9 @@ def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
     one = default_whole(problem) or default_cols(problem, target)
     if one is not None:
         return Schedule(problem.m, problem.n, (one,))
+    aggregated = default_cols_aggregates(problem, target)
+    if aggregated is not None:
+        return aggregated
     choices = default_choices(problem, target=target)
     cluster, aggregate = choices.cluster, choices.aggregate
     many = default_many(problem)

@@ -97,6 +97,17 @@ def tsqr_panel(rows: int, remaining: int, width: int, threads: int, tile: int) -
     return Panel(min(width, remaining), "tsqr", threads, tile=tile) if rows >= 2 * tile else None
 
 
+def cols_panel(width: int, slice_: int, blocks: int = 1) -> Panel:
+    """A cols panel of `width` columns on `blocks` blocks (2: a cluster) with `slice_` columns a warp, or the widest
+    slice of plan/cols.SLICES that is not wider than the panel; on one block where the cluster's last block would
+    own no columns (a narrow last panel)."""
+    from ..plan.cols import SLICES, cols_threads, owns_columns
+
+    slice_ = max((c for c in SLICES if c <= min(slice_, width)), default=SLICES[0])
+    blocks = blocks if owns_columns(width, slice_, blocks) else 1
+    return Panel(width, "cols", cols_threads(width, slice_, blocks), blocks, slice_, cluster=blocks > 1)
+
+
 def with_loop(panel: Panel, loop: bool) -> Panel:
     """`panel` with Panel.loop set where its variant has the choice."""
     return replace(panel, loop=loop) if panel.variant in LOOP_VARIANTS else panel

@@ -3,19 +3,21 @@ choices, aggregates, lookahead, reach, how the panels' own products run, each st
 point stands for (schedule_from_params), the default heuristic's point, and the early variations tried first."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
-from ..plan.cols import cols_threads
 from ..plan.planner import check
 from ..plan.tf32x3 import without_idle as without_idle_tf32x3
 from ..plan.whole import SLICES as WHOLE_SLICES
 from ..problem import Problem
 from ..schedule.heuristic import (
+    COLS_AGGREGATE_WIDTHS,
     LANES_MAX_BATCH,
     MANY_WIDTH,
     TSQR_PANEL,
     default_choices,
     default_cols,
+    default_cols_aggregates,
     default_many,
     default_reach,
     default_tsqr,
@@ -35,6 +37,7 @@ from ..schedule.panels import (
     CLUSTER_LANE_SLOTS,
     CLUSTER_SLOTS,
     cluster_panel,
+    cols_panel,
     default_panel,
     lanes_panel,
     tsqr_panel,
@@ -131,10 +134,16 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     if whole is not None:
         return _whole_params(whole.threads, whole.slice)
     cols = default_cols(problem) if clustered else None
+    base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster")}
     if cols is not None:
-        base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster")}
         return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice,
                 "cols_cluster": cols.blocks if cols.cluster else 0}
+    aggregated = default_cols_aggregates(problem) if clustered else None
+    if aggregated is not None:
+        head = aggregated.panels[0]
+        return {**base, "family": "cols", "cols_head": head.width, "slice": head.slice,
+                "cols_cluster": head.blocks if head.cluster else 0, "aggregate": aggregated.aggregate, "lookahead": 0,
+                **precision_params(dataclasses.asdict(aggregated.precision))}
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -194,9 +203,7 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
                      or default_panel(rows, remaining))
         elif family == "cols":
             width = remaining if params[f"cols_{phase}"] == "all" else min(params[f"cols_{phase}"], remaining)
-            slice_ = max((c for c in COLS_SLICES if c <= min(params["slice"], width)), default=COLS_SLICES[0])
-            blocks = params.get("cols_cluster", 0) or 1
-            panel = Panel(width, "cols", cols_threads(width, slice_, blocks), blocks, slice_, cluster=blocks > 1)
+            panel = cols_panel(width, params["slice"], params.get("cols_cluster", 0) or 1)
         else:
             raise ValueError(f"family must be one of {ALL_FAMILIES}, got {family!r}")
         panels.append(with_loop(panel, params.get("loop", False)))
@@ -313,8 +320,12 @@ def _with_reach(problem: Problem, params: dict) -> dict:
 
 def _aggregate_variations(problem: Problem, params: dict) -> list[dict]:
     """The default with the neighbouring aggregate sizes (half and twice its own; 64 and 128 where it has none, from
-    256 columns), with lookahead 2: points sampled trials had missed (docs/decisions.md#aggregate-variations)."""
+    256 columns), with lookahead 2: points sampled trials had missed (docs/decisions.md#aggregate-variations). A cols
+    default whose panels are each their own aggregate: its panels and aggregates at the other widths of
+    COLS_AGGREGATE_WIDTHS."""
     own = params["aggregate"]
+    if params["family"] == "cols" and own:  # cols panels each its own aggregate: the other widths
+        return [{**params, "cols_head": a, "aggregate": a} for a in COLS_AGGREGATE_WIDTHS if a != own and a < problem.k]
     if own:
         sizes = [a for a in (own // 2, own * 2) if a in AGGREGATES and a < problem.k]
     else:

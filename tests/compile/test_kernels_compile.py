@@ -157,7 +157,7 @@ def test_default_cluster_panels_compile_without_spills(tmp_path, monkeypatch):
     narrowest blocks of each, at 512, 1024 and 4096 rows, compile for sm_90 without spills."""
     _test_cache(tmp_path, monkeypatch)
     items = []
-    for m, n, batch, blocks in [(512, 512, 4, 2), (1024, 1024, 8, 4), (4096, 512, 4, 16)]:
+    for m, n, batch, blocks in [(512, 1024, 4, 2), (1024, 1024, 8, 4), (4096, 512, 4, 16)]:
         schedule = default_schedule(Problem(m, n, batch))
         assert all(p.variant == "lanes" and p.blocks == blocks for p in schedule.panels)
         lanes = [r for r in render_all(schedule, SM90) if r.name.startswith("qr_lanes")]
@@ -166,10 +166,11 @@ def test_default_cluster_panels_compile_without_spills(tmp_path, monkeypatch):
 
 
 def test_default_for_many_matrices_compiles_without_spills(tmp_path, monkeypatch):
-    """The default for 64 or more matrices of 384 to 512 rows (schedule.heuristic.default_many) at a shape whose rows
-    and columns are no multiple of 16, and wide: every kernel compiles for sm_90 without spills."""
+    """The default for 64 or more matrices of 384 to 512 rows (schedule.heuristic.default_many; past 132 where n <= m,
+    below which cols panels take them) at a shape whose rows and columns are no multiple of 16: every kernel compiles
+    for sm_90 without spills."""
     _test_cache(tmp_path, monkeypatch)
-    schedule = default_schedule(Problem(500, 450, 64))
+    schedule = default_schedule(Problem(500, 450, 200))
     assert schedule.aggregate == 64 and {p.width for p in schedule.panels[:-1]} == {16}
     items = [(r.name, r.source) for r in render_all(schedule, SM90)]
     assert any(name == "qr_tf32x3_project64" for name, _ in items)

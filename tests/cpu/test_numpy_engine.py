@@ -180,7 +180,7 @@ def test_split_panel_products():
         assert chosen.panel_update == "fused" and chosen.precision == Precision("fp32", "tf32", "tf32")
     for problem in (Problem(4096, 4096, 1), Problem(4097, 1000, 1), Problem(8192, 512, 8), Problem(40000, 256, 1)):
         assert default_schedule(problem).panel_update == "cublas"
-    for problem in (Problem(1024, 1024, 60), Problem(352, 352, 3), Problem(512, 512, 640), Problem(1000, 1000, 1),
+    for problem in (Problem(1024, 1024, 60), Problem(600, 600, 3), Problem(512, 512, 640), Problem(1000, 1000, 1),
                     Problem(4096, 1024, 1), Problem(2048, 2048, 1), Problem(4096, 64, 64)):
         assert default_schedule(problem).panel_update == "fused"
     assert default_schedule(Problem(1024, 1024, 60)).precision.update == "tf32x3"  # under 2,048 columns
@@ -467,7 +467,7 @@ def test_q_products_of_wide_kept_blocks_in_tf32x3(monkeypatch):
     a = stress("rowscaled", 256, 256, 2, seed=8)
     q, h, log = numpy_engine.qr(a, wide)
     assert q_precisions(log) == {"tf32x3"}
-    assert tf32x3_kinds(wide, False) == ["gram"] and tf32x3_kinds(wide, True) == ["project", "update", "gram"]
+    assert tf32x3_kinds(wide, False) == ["gram"] and tf32x3_kinds(wide, True) == ["project", "project64", "update", "gram"]
     # the update's own tf32x3 kernels (update, gram): the keep plan adds the projection's, for blocks of 64 rows
     # the 64-row tiles' (tf32x3.project_kind)
     update3 = _uniform(256, 256, 32, aggregate=64, precision=Precision("fp32", "fp32", "tf32x3"))

@@ -55,13 +55,43 @@ def test_default_params_give_the_default_cols_schedule(m, n, batch):
     problem = Problem(m, n, batch)
     schedule = default_schedule(problem)
     assert schedule_from_params(problem, default_params(problem)) == schedule
-    cols = schedule.panels[0].variant == "cols"
+    cols = schedule.panels[0].variant == "cols" and not schedule.aggregate
     assert cols == (batch <= COLS_MAX_BATCH and COLS_FROM <= n <= m and m <= 192)
     if cols:
         expected = (Panel(n, "cols", 32 * -(-n // 8), 2, 4, cluster=True) if batch <= COLS_CLUSTER_MAX_BATCH
                     else Panel(n, "cols", 32 * -(-n // 8), slice=8))
         assert schedule.panels == (expected,)
         assert default_params(problem, clustered=False) in variations(problem)
+
+
+@pytest.mark.parametrize("m,n,batch,width,blocks", [
+    (256, 256, 40, 128, 2), (300, 300, 7, 128, 2), (352, 352, 40, 128, 2), (512, 512, 16, 64, 2), (512, 256, 64, 64, 2),
+    (256, 256, 100, 128, 1), (448, 448, 100, 64, 1), (512, 512, 132, 64, 1), (384, 384, 1, 128, 2), (512, 512, 2, 64, 2),
+    (512, 512, 1, 0, 0), (512, 512, 133, 0, 0), (513, 513, 8, 0, 0), (300, 400, 8, 0, 0), (176, 176, 40, 0, 0)])
+def test_default_cols_panels_each_their_own_aggregate(m, n, batch, width, blocks):
+    """Up to COLS_MAX_BATCH matrices of COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS whose columns one cols panel
+    cannot hold: cols panels of the widest of COLS_AGGREGATE_WIDTHS that fits (on clusters of two blocks with 4
+    columns a warp up to COLS_CLUSTER_MAX_BATCH matrices, else one block with 8), each its own aggregate, the
+    aggregates' products in tf32x3; not for one matrix on the widest clusters (from CLUSTER_FROM rows), wide
+    matrices, more matrices or rows, or where one panel fits. The tuner's first trial is the same point; its early
+    variations hold the default without it and the other widths."""
+    from qrgen.schedule.heuristic import COLS_AGGREGATE_WIDTHS
+
+    problem = Problem(m, n, batch)
+    schedule = default_schedule(problem)
+    assert schedule_from_params(problem, default_params(problem)) == schedule
+    if not width:
+        assert not (schedule.aggregate and schedule.panels[0].variant == "cols")
+        return
+    assert schedule.aggregate == width and (schedule.precision.project, schedule.precision.update) == ("tf32x3",) * 2
+    assert [p.width for p in schedule.panels] == [min(width, n - c) for c in range(0, n, width)]
+    assert all(p.variant == "cols" and p.blocks == blocks and p.cluster == (blocks == 2) for p in schedule.panels)
+    assert schedule.panels[0].slice == (4 if blocks == 2 else 8)
+    found = variations(problem)
+    assert default_params(problem, clustered=False) in found
+    others = [a for a in COLS_AGGREGATE_WIDTHS if a != width and a < n]
+    assert [v["aggregate"] for v in found if v.get("family") == "cols" and v["aggregate"] != width] == others
+    assert all(v["cols_head"] == v["aggregate"] for v in found if v.get("family") == "cols")
 
 
 def test_whole_family_is_sampled_and_rejected_where_it_does_not_fit():
@@ -331,13 +361,13 @@ def test_column_loop_is_an_early_trial():
 def test_neighbouring_aggregate_sizes_are_early_trials():
     """The default with aggregates of half and twice its size (half only where that is at least 64), or of 64 and
     128 where it has none (640 x 512²'s better schedule, found by hand in the eleventh session), each with
-    lookahead 2."""
-    aggregates = {problem: [(v["aggregate"], v["lookahead"]) for v in variations(problem)
+    lookahead 2; cols panels each their own aggregate at the other width, with their own lookahead."""
+    aggregates = {problem: [(v["aggregate"], v.get("lookahead")) for v in variations(problem)
                             if v["aggregate"] != default_params(problem)["aggregate"]]
                   for problem in (Problem(512, 512, 40), Problem(512, 512, 640), Problem(1024, 1024, 60),
                                   Problem(176, 176, 40))}
-    assert default_params(Problem(512, 512, 40))["aggregate"] == 0
-    assert aggregates[Problem(512, 512, 40)] == [(64, 2), (128, 2)]
+    assert default_params(Problem(512, 512, 40))["aggregate"] == 64  # cols panels (default_cols_aggregates)
+    assert aggregates[Problem(512, 512, 40)] == [(0, None), (128, 0)]  # the default without cols panels too
     assert default_params(Problem(512, 512, 640))["aggregate"] == 64  # schedule.heuristic.default_many
     assert aggregates[Problem(512, 512, 640)] == [(128, 2)]
     assert default_params(Problem(1024, 1024, 60))["aggregate"] == 128
@@ -382,15 +412,15 @@ def test_single_tall_matrices_default_to_clusters():
     assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.aggregate == 64
     assert default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
     assert all(p.blocks == 16 for p in default_schedule(Problem(CLUSTER_FROM, CLUSTER_FROM, 1)).panels)
-    assert not any(p.cluster for p in default_schedule(Problem(CLUSTER_FROM - 1, CLUSTER_FROM - 1, 1)).panels)
+    assert not any(p.cluster for p in default_schedule(Problem(CLUSTER_FROM - 1, 2 * CLUSTER_FROM, 1)).panels)
     assert all(p.blocks == 16 for p in default_schedule(Problem(2048, 32, 1)).panels)  # one panel: from 2048 rows
 
 
 @pytest.mark.parametrize("m,n,batch,blocks", [
     (2048, 2048, 2, 8), (2048, 2048, 8, 8), (2048, 2048, 9, 4), (2048, 2048, 16, 4), (2048, 2048, 17, 0),
     (4096, 4096, 4, 16), (4096, 4096, 5, 8), (4096, 4096, 8, 8), (4096, 4096, 9, 0), (1024, 1024, 16, 4),
-    (1024, 1024, 32, 2), (1024, 1024, 60, 0), (1536, 1536, 2, 4), (512, 512, 32, 2), (512, 512, 33, 0),
-    (8192, 512, 2, 16), (511, 511, 2, 0), (4096, 32, 2, 0), (1024, 32, 1, 0), (2048, 33, 2, 8)])
+    (1024, 1024, 32, 2), (1024, 1024, 60, 0), (1536, 1536, 2, 4), (512, 1024, 32, 2), (512, 1024, 33, 0),
+    (8192, 512, 2, 16), (511, 1000, 2, 0), (4096, 32, 2, 0), (1024, 32, 1, 0), (2048, 33, 2, 8)])
 def test_batches_default_to_clusters_of_256_to_512_rows_a_block(m, n, batch, blocks):
     """Several matrices of CLUSTER_FROM rows or more and more than one panel's columns: clusters of 256 to 512 rows
     a block (a power of two, at most 16 blocks), the most blocks with at most CLUSTER_BLOCKS_MAX in all, or none
