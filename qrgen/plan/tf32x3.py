@@ -95,9 +95,9 @@ def project_kind(rows: int, cols: int = 0, matrices: int = 0, sms: int = 0) -> s
 
 
 def project_kinds(rows: int) -> set[str]:
-    """The kernels a projection of `rows` rows may take (project_kind, whatever its columns and batch)."""
-    return {"project64"} if rows <= CONFIGS["project64"]["bm"] else (
-        {"project", "project64"} if rows <= 2 * CONFIGS["project64"]["bm"] else {"project"})
+    """The kernels a projection of `rows` rows may take (project_kind, whatever its columns and batch): those of
+    the largest grid and of the smallest."""
+    return {project_kind(rows), project_kind(rows, 1, 1, 1)}
 
 
 def kinds(schedule) -> tuple[str, ...]:

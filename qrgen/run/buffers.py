@@ -80,5 +80,5 @@ def gram_parts(fac, chunk: int, sms: int) -> int:
     if "gram" not in tf32x3.kinds(fac.schedule):
         return 1
     a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
-    tiles = sum(1 for i in range(-(-a // 64)) for j in range(-(-a // 64)) if i <= j)
+    tiles = tf32x3.grid("gram", a, a, 1)[0]  # the blocks of one matrix's G
     return max(1, min(GRAM_PARTS_MAX, 2 * sms // (chunk * tiles)))
