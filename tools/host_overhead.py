@@ -2,6 +2,8 @@
 inputs, contiguous (the fast path where the shape is one launch) and transposed views (the general path), beside the
 floor of a call that allocates two outputs and launches one kernel from Python; with --profile cProfile's top
 functions by own time for each.
+Calls back to back: past the launch queue's depth the host waits for the GPU, so for a call the GPU bounds the
+host figure is the GPU's pace, not the host's own time (that needs the GPU idle before each call).
 
     python3 tools/host_overhead.py 20x32x32 40x176x176 [--profile] [--calls 2000]
 """

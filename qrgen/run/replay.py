@@ -3,7 +3,9 @@ and the host's time to queue them (Python, CuPy, the driver) exceeds the GPU's t
 From the second call of one kind (function, shapes, device, stream) on, such a call copies its inputs into buffers
 of its own, replays a CUDA graph captured once from the same launch sequence on those buffers, and copies the
 graph's outputs into new arrays for the caller: three to five host operations instead of dozens (or hundreds), for
-two copies of the data.
+two copies of the data. Where the GPU, not the host, bounds a call, those copies cost more than they save: at the
+capture a replayed call and an eager one are timed on the GPU, each in a stream of calls (_replay_faster), and the
+kind keeps its graph only where the replay was the faster (QRGEN_REPLAY=1: always).
 
 The graphs' buffers hold at most HELD_MAX_BYTES of device memory in all (a kind whose capture would pass it runs
 eagerly). The graph's temporaries and outputs come from a memory pool of its own, so that nothing allocated after
@@ -40,7 +42,12 @@ _ENV = "QRGEN_REPLAY"
 
 
 def enabled() -> bool:
-    return os.environ.get(_ENV, "1") != "0"
+    return os.environ.get(_ENV, "") != "0"
+
+
+def forced() -> bool:
+    """QRGEN_REPLAY=1: every kind that can be replayed keeps its graph, whether or not its replay timed faster."""
+    return os.environ.get(_ENV, "") == "1"
 
 
 @dataclass
@@ -51,6 +58,7 @@ class _Plan:
     outputs: tuple = ()
     keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
     held: int = 0  # bytes of device memory the graph's inputs and pool hold
+    timed: tuple = ()  # (eager µs, replayed µs) as _replay_faster measured them at the capture
 
 
 PLANS: dict[tuple, _Plan] = {}  # by kind (call's key with the shapes, device and stream)
@@ -78,6 +86,8 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
                 _capture(plan, fn, arrays, owner)
+                if plan.graph and not forced() and not _replay_faster(plan, fn):
+                    _drop(plan)
             if plan.graph:
                 for static, a in zip(plan.inputs, arrays):
                     device_copy(a, stream, static)
@@ -115,6 +125,43 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
         plan.keep = ()
         return
     plan.graph, plan.inputs, plan.outputs, plan.held = graph, inputs, tuple(outputs), held
+
+
+def _replay_faster(plan: _Plan, fn) -> bool:
+    """Whether a replayed call (its copies in and out around the graph) took the GPU less time than an eager call.
+    Each is timed as the second of two back to back on the capture's stream, so that the host queues it while the
+    first runs, as in a stream of calls: the eager call's time holds the host's queueing only where the host is the
+    slower. The faster of two such timings each; the inputs are copies of the graph's own (zeros)."""
+    import cupy
+
+    side = plan.keep[1]
+
+    def replayed():
+        for static, a in zip(plan.inputs, sources):
+            device_copy(a, side, static)
+        plan.graph.launch(side)
+        return tuple(device_copy(o, side) for o in plan.outputs)
+
+    def timed(run) -> float:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        run()
+        start.record(side)
+        run()
+        stop.record(side)
+        stop.synchronize()
+        return cupy.cuda.get_elapsed_time(start, stop) * 1e3
+
+    with side:
+        sources = tuple(cupy.zeros_like(a) for a in plan.inputs)
+        eager = min(timed(lambda: fn(side, *sources)) for _ in range(2))
+        replay = min(timed(replayed) for _ in range(2))
+    plan.timed = (eager, replay)
+    return replay < eager
+
+
+def _drop(plan: _Plan) -> None:
+    """The kind runs eagerly from now on; its graph and the memory it held go."""
+    plan.graph, plan.inputs, plan.outputs, plan.keep, plan.held = False, (), (), (), 0
 
 
 def clear() -> None:

@@ -191,13 +191,14 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
 def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule | None:
     """Where one cols panel does not fit (default_cols) and m <= COLS_AGGREGATE_MAX_ROWS: cols panels of the widest
     of COLS_AGGREGATE_WIDTHS the target fits (the same slices and clusters), each its own aggregate, the aggregates'
-    products in tf32x3 (docs/decisions.md#cols-aggregates-default); or None, also for one matrix that
-    default_cluster puts on clusters (from CLUSTER_FROM rows)."""
+    products in tf32x3 (docs/decisions.md#cols-aggregates-default). Past COLS_MAX_BATCH matrices only where that
+    width is not the widest (their rows too many for it). Or None, also for one matrix that default_cluster puts on
+    clusters (from CLUSTER_FROM rows)."""
     from ..plan.planner import check
     from ..plan.tf32x3 import without_idle
 
     m, n = problem.m, problem.n
-    if problem.batch > COLS_MAX_BATCH or not COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS:
+    if not COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS:
         return None
     if problem.batch == 1 and default_cluster(problem, target):  # one matrix on the widest clusters instead
         return None
@@ -210,6 +211,8 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
                 check(schedule, target)
             except ValueError:
                 continue
+            if problem.batch > COLS_MAX_BATCH and width == COLS_AGGREGATE_WIDTHS[0]:
+                return None  # past one wave, only panels narrower than the widest gain (on the taller matrices)
             return schedule
     return None
 

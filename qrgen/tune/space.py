@@ -134,7 +134,7 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     if whole is not None:
         return _whole_params(whole.threads, whole.slice)
     cols = default_cols(problem) if clustered else None
-    base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster")}
+    base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster", "loop")}  # (cols: no loop)
     if cols is not None:
         return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice,
                 "cols_cluster": cols.blocks if cols.cluster else 0}

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("batch,m,n", REFERENCE_CASES)
 def test_committed_modules_regenerate_exactly(batch, m, n):
     name, text, sources, _, origin = render_module(Problem(m, n, batch), Target())
-    assert origin == f"schedules/sm_90/{m}x{n}_b{batch}.json"
+    tuned = f"schedules/sm_90/{m}x{n}_b{batch}.json"
+    assert origin == (tuned if (ROOT / tuned).exists() else "default (heuristic)")
     assert (ROOT / "generated" / f"{name}.py").read_text() == text
     committed = {p.stem: p.read_text() for p in (ROOT / "generated" / name).glob("*.cu")}
     assert committed == sources

@@ -51,11 +51,14 @@ def test_rendered_sources_are_the_recorded_ones_or_a_listed_change():
     """Every kernel of every committed schedule and of the test shapes' defaults (plain and keep plans, as tuned
     and in fp32) renders to the source recorded at c9de681, before the layout moved, except the kernels that
     rendered_changes.json names with the reason their source changed (and each of those did change), the kernels
-    it names as added to schedules (each added somewhere) and the schedules it names as changed since."""
+    it names as added to schedules (each added somewhere), the schedules it names as changed since and the committed
+    files it names as deleted since."""
     record = json.loads((DATA / "rendered_c9de681.json").read_text())
     changes = json.loads((DATA / "rendered_changes.json").read_text())
     current = _current_digests(record)
-    assert set(current) == set(record["digests"])
+    removed = {key for entry in changes["removed"] for key in entry["keys"]}
+    assert removed <= set(record["digests"]) and all(key.startswith("committed:") for key in removed)
+    assert set(current) == set(record["digests"]) - removed
 
     def renamed(name):  # the kernel's name now (renames: [old prefix, new prefix])
         for old, new in changes["renames"]:
@@ -68,7 +71,7 @@ def test_rendered_sources_are_the_recorded_ones_or_a_listed_change():
     assert rescheduled <= set(record["digests"])
     seen_added = set()
     for key, kernels in record["digests"].items():
-        if key in rescheduled:
+        if key in rescheduled or key in removed:
             continue
         kernels = {renamed(name): digest for name, digest in kernels.items()}
         new = {name for name in current[key] if name.removeprefix("keep:") in added} - set(kernels)

@@ -41,8 +41,11 @@ def test_which_calls_run_eagerly(monkeypatch):
     assert replay.call(("t",), fn, (_Arr(limit), _Arr(1)), _Stream()) == ("eager", 2)
     assert replay.call(("t",), fn, (_Arr(5),), _Stream(), max_floats=4) == ("eager", 1)
     assert replay.call(("t",), fn, (_Arr(5),), _Stream(capturing=True)) == ("eager", 1)
+    assert not replay.forced()  # by default a graph is kept where it timed faster
+    monkeypatch.setenv("QRGEN_REPLAY", "1")
+    assert replay.enabled() and replay.forced()
     monkeypatch.setenv("QRGEN_REPLAY", "0")
-    assert not replay.enabled()
+    assert not replay.enabled() and not replay.forced()
     assert replay.call(("t",), fn, (_Arr(5),), _Stream()) == ("eager", 1)
     assert not replay.PLANS
     # kinds called once do not use up the plans: past REPLAY_PLANS they are forgotten, and a new kind still gets one

@@ -197,7 +197,8 @@ def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n,
     (2048, 2048, 8, ("tf32", 32)),     # from TF32_FROM columns with fp32 panel products: tf32, one piece
     (600, 600, 40, ("fp32", 0)),       # no aggregates below AGGREGATE_FROM: every product fp32 ...
     (512, 512, 40, ("tf32x3", 0)),     # ... except cols panels each their own aggregate (default_cols_aggregates)
-    (512, 512, 640, ("tf32x3", 2)),    # ... except for many matrices of 384 to 512 rows (default_many)
+    (512, 512, 640, ("tf32x3", 0)),    # ... past 132 matrices too where they are 64 columns wide
+    (512, 1024, 100, ("tf32x3", 2)),   # ... and many wide matrices of 384 to 512 rows (default_many)
 ])
 def test_default_precision_of_the_aggregates(m, n, batch, expect):
     s = default_schedule(Problem(m, n, batch))
@@ -264,25 +265,28 @@ def test_with_cluster_onto_one_block():
 
 
 def test_default_for_many_matrices_of_384_to_512_rows():
-    """default_many: from MANY_FROM matrices with min(m, n) >= 384 and m <= 512, the tuned 640 x 512² file's recipe
-    (16-wide looped rows and warp panels, aggregates of 64 in tf32x3, lookahead 2, fused panel products, no
-    clusters); the default at 640 x 512² is that file but for its last two panels (16 and 32 rows: lanes on one
-    warp here, warp panels there), where cols panels do not take them (up to COLS_MAX_BATCH matrices with n <= m:
+    """default_many: from MANY_FROM matrices with min(m, n) >= 384 and m <= 512, the recipe of a 640 x 512² file
+    tuned before cols panels (16-wide looped rows panels, warp panels below 129 rows, lanes on one warp for the last
+    32 columns, aggregates of 64
+    in tf32x3, lookahead 2, fused panel products, no clusters), where cols panels do not take them (n <= m:
     default_cols_aggregates). Outside the bounds the former default."""
-    from qrgen.schedule.heuristic import COLS_MAX_BATCH, MANY_FROM, default_many
+    from qrgen.schedule.heuristic import MANY_FROM, default_many
 
-    tuned, _ = load(schedule_dir() / "sm_90" / "512x512_b640.json")
-    many = default_schedule(Problem(512, 512, 640))
-    assert default_many(Problem(512, 512, 640)) and many.panels[:-2] == tuned.panels[:-2]
+    many = default_schedule(Problem(512, 1024, 640))
+    assert default_many(Problem(512, 1024, 640)) and len(many.panels) == 32
+    assert {(p.width, p.variant, p.loop) for p in many.panels[:-2]} == {(16, "rows", True), (16, "warp", True)}
     assert many.panels[-2:] == (Panel(16, "lanes", 32), Panel(16, "lanes", 32))
     assert (many.precision, many.aggregate, many.lookahead, many.panel_update, many.reach) == (
-        tuned.precision, tuned.aggregate, tuned.lookahead, tuned.panel_update, tuned.reach)
-    for problem in (Problem(384, 384, COLS_MAX_BATCH + 1), Problem(400, 1000, MANY_FROM), Problem(512, 384, 300)):
+        Precision(project="tf32x3", update="tf32x3"), 64, 2, "fused", False)
+    for problem in (Problem(384, 500, 300), Problem(400, 1000, MANY_FROM), Problem(512, 600, 300)):
         s = default_schedule(problem)
         assert default_many(problem) and s.aggregate == 64 and s.precision.update == "tf32x3", problem
         assert {p.width for p in s.panels} == {16} and all(p.loop for p in s.panels if p.variant != "lanes")
-    for problem in (Problem(400, 1000, MANY_FROM - 1), Problem(513, 513, 640), Problem(512, 383, 640),
-                    Problem(383, 512, 640)):
+    for problem in (Problem(512, 512, 640), Problem(384, 384, 133), Problem(512, 384, 300)):  # n <= m: cols panels
+        assert default_many(problem) and default_schedule(problem).panels[0].variant == "cols", problem
+    narrow = Problem(512, 383, 640)
+    assert not default_many(narrow) and default_schedule(narrow).panels[0].variant == "cols"
+    for problem in (Problem(400, 1000, MANY_FROM - 1), Problem(513, 513, 640), Problem(383, 512, 640)):
         assert not default_many(problem), problem
         assert default_schedule(problem).aggregate == 0 and 32 in {p.width for p in default_schedule(problem).panels}
 

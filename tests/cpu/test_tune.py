@@ -67,14 +67,16 @@ def test_default_params_give_the_default_cols_schedule(m, n, batch):
 @pytest.mark.parametrize("m,n,batch,width,blocks", [
     (256, 256, 40, 128, 2), (300, 300, 7, 128, 2), (352, 352, 40, 128, 2), (512, 512, 16, 64, 2), (512, 256, 64, 64, 2),
     (256, 256, 100, 128, 1), (448, 448, 100, 64, 1), (512, 512, 132, 64, 1), (384, 384, 1, 128, 2), (512, 512, 2, 64, 2),
-    (512, 512, 1, 0, 0), (512, 512, 133, 0, 0), (513, 513, 8, 0, 0), (300, 400, 8, 0, 0), (176, 176, 40, 0, 0)])
+    (512, 512, 1, 0, 0), (512, 512, 133, 64, 1), (512, 512, 640, 64, 1), (384, 384, 300, 64, 1),
+    (256, 256, 133, 0, 0), (192, 192, 500, 0, 0), (128, 128, 500, 0, 0), (513, 513, 8, 0, 0), (300, 400, 8, 0, 0),
+    (176, 176, 40, 0, 0)])
 def test_default_cols_panels_each_their_own_aggregate(m, n, batch, width, blocks):
-    """Up to COLS_MAX_BATCH matrices of COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS whose columns one cols panel
-    cannot hold: cols panels of the widest of COLS_AGGREGATE_WIDTHS that fits (on clusters of two blocks with 4
-    columns a warp up to COLS_CLUSTER_MAX_BATCH matrices, else one block with 8), each its own aggregate, the
-    aggregates' products in tf32x3; not for one matrix on the widest clusters (from CLUSTER_FROM rows), wide
-    matrices, more matrices or rows, or where one panel fits. The tuner's first trial is the same point; its early
-    variations hold the default without it and the other widths."""
+    """Matrices of COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS whose columns one cols panel cannot hold: cols
+    panels of the widest of COLS_AGGREGATE_WIDTHS that fits (on clusters of two blocks with 4 columns a warp up to
+    COLS_CLUSTER_MAX_BATCH matrices, else one block with 8), each its own aggregate, the aggregates' products in
+    tf32x3; past COLS_MAX_BATCH matrices only where that width is not the widest. Not for one matrix on the
+    widest clusters (from CLUSTER_FROM rows), wide matrices, more rows, or where one panel fits. The tuner's first
+    trial is the same point; its early variations hold the default without it and the other widths."""
     from qrgen.schedule.heuristic import COLS_AGGREGATE_WIDTHS
 
     problem = Problem(m, n, batch)
@@ -349,7 +351,7 @@ def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
 def test_column_loop_is_an_early_trial():
     """Where the default has warp or rows panels (the lanes family has them where lanes do not fit), the same point
     with the other column loop is tried early; schedules without such panels have no such trial."""
-    for problem in (Problem(512, 512, 640), Problem(8192, 512, 1), Problem(4096, 4096, 9), Problem(1024, 1024, 60)):
+    for problem in (Problem(512, 1024, 100), Problem(8192, 512, 1), Problem(4096, 4096, 9), Problem(1024, 1024, 60)):
         default = default_params(problem)
         assert {**default, "loop": not default["loop"]} in variations(problem)
         assert schedule_from_params(problem, {**default, "loop": True}).panels != default_schedule(problem).panels \
@@ -364,12 +366,13 @@ def test_neighbouring_aggregate_sizes_are_early_trials():
     lookahead 2; cols panels each their own aggregate at the other width, with their own lookahead."""
     aggregates = {problem: [(v["aggregate"], v.get("lookahead")) for v in variations(problem)
                             if v["aggregate"] != default_params(problem)["aggregate"]]
-                  for problem in (Problem(512, 512, 40), Problem(512, 512, 640), Problem(1024, 1024, 60),
-                                  Problem(176, 176, 40))}
+                  for problem in (Problem(512, 512, 40), Problem(512, 1024, 100), Problem(512, 512, 640),
+                                  Problem(1024, 1024, 60), Problem(176, 176, 40))}
     assert default_params(Problem(512, 512, 40))["aggregate"] == 64  # cols panels (default_cols_aggregates)
     assert aggregates[Problem(512, 512, 40)] == [(0, None), (128, 0)]  # the default without cols panels too
-    assert default_params(Problem(512, 512, 640))["aggregate"] == 64  # schedule.heuristic.default_many
-    assert aggregates[Problem(512, 512, 640)] == [(128, 2)]
+    assert default_params(Problem(512, 1024, 100))["aggregate"] == 64  # schedule.heuristic.default_many
+    assert aggregates[Problem(512, 1024, 100)] == [(128, 2)]
+    assert aggregates[Problem(512, 512, 640)] == [(128, 0)]  # cols panels past one wave: the other width
     assert default_params(Problem(1024, 1024, 60))["aggregate"] == 128
     assert aggregates[Problem(1024, 1024, 60)] == [(64, 2), (256, 2)]
     assert aggregates[Problem(176, 176, 40)] == []  # too few columns for aggregates
@@ -450,7 +453,8 @@ def test_default_stays_unless_a_point_is_clearly_faster(tmp_path, gain):
 
 
 @pytest.mark.parametrize("m,n,batch", [(8192, 512, 1), (4096, 1024, 1), (2048, 2048, 8), (4096, 4096, 2),
-                                       (512, 512, 640), (32, 32, 20), (100000, 32, 1)])
+                                       (512, 512, 640), (32, 32, 20), (100000, 32, 1), (176, 176, 40),
+                                       (352, 352, 40)])
 def test_early_trials_fix_every_parameter_they_sample(m, n, batch):
     """Every enqueued point (the default and its variations) names every parameter the sampler asks for, so optuna
     samples nothing at random in it: the first trial is the default schedule itself (a clustered default once got a

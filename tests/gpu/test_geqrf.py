@@ -62,16 +62,30 @@ def test_wide_one_panel_every_family(m, n):
     assert result.ok, f"{m}x{n} {labels}: {result}"
 
 
-@pytest.mark.parametrize("batch,m,n", [(133, 384, 384), (140, 400, 400), (70, 512, 700), (150, 500, 450)])
-def test_default_for_many_matrices_every_family(batch, m, n):
-    """The default for 64 or more matrices of 384 to 512 rows (schedule.default_many: 16-wide looped rows panels,
-    aggregates of 64 with tf32x3 products and lookahead 2; with n <= m from 133 matrices, below which cols panels
-    take them), square, wide and not a multiple of 16, on a batch of every stress family at random positions."""
+@pytest.mark.parametrize("batch,m,n", [(70, 512, 700), (64, 384, 500)])
+def test_default_for_many_wide_matrices_every_family(batch, m, n):
+    """The default for 64 or more wide matrices of 384 to 512 rows (schedule.default_many: 16-wide looped rows
+    panels, aggregates of 64 with tf32x3 products and lookahead 2), not a multiple of 16, on a batch of every stress
+    family at random positions."""
     from qrgen.problem import Problem
     from qrgen.schedule.heuristic import default_many, default_schedule
 
     assert default_many(Problem(m, n, batch))
     assert {p.width for p in default_schedule(Problem(m, n, batch)).panels[:-2]} == {16}
+    a, labels = mixed(m, n, batch, seed=batch + m)
+    result = geqrf_checked(a)
+    assert result.ok, f"{batch} x {m}x{n} {labels}: {result}"
+
+
+@pytest.mark.parametrize("batch,m,n", [(133, 384, 384), (140, 400, 400), (150, 500, 450), (200, 512, 300)])
+def test_cols_aggregates_past_one_wave_every_family(batch, m, n):
+    """More than COLS_MAX_BATCH matrices of up to 512 rows too tall for cols panels of 128 columns: cols panels of 64,
+    each its own aggregate (schedule.default_cols_aggregates), on a batch of every stress family at random positions."""
+    from qrgen.problem import Problem
+    from qrgen.schedule.heuristic import default_schedule
+
+    schedule = default_schedule(Problem(m, n, batch))
+    assert schedule.aggregate == 64 and {p.variant for p in schedule.panels} == {"cols"}
     a, labels = mixed(m, n, batch, seed=batch + m)
     result = geqrf_checked(a)
     assert result.ok, f"{batch} x {m}x{n} {labels}: {result}"

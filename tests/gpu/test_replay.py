@@ -55,11 +55,32 @@ def test_replay_keeps_to_its_memory_bound(monkeypatch):
     plans = _plans("geqrf")
     assert plans and all(p.graph is False and p.held == 0 and not p.inputs for p in plans)
     monkeypatch.setattr(replay, "HELD_MAX_BYTES", 1 << 30)
+    monkeypatch.setenv("QRGEN_REPLAY", "1")  # kept whether or not it timed faster
     replay.clear()
     for _ in range(3):
         h, tau = qrgen.geqrf(a)
         assert check(a.get(), h, tau).ok
     assert _plans("geqrf") and all(p.graph and p.held >= 2 * a.nbytes for p in _plans("geqrf"))
+    replay.clear()
+
+
+@pytest.mark.parametrize("m,n,batch", [(256, 256, 40), (1024, 1024, 2)])
+def test_replay_kept_where_it_timed_faster(monkeypatch, m, n, batch):
+    """By default a kind keeps its graph only where its replay timed faster than an eager call at the capture (both
+    times recorded); either way the calls give the right results."""
+    import cupy
+
+    monkeypatch.delenv("QRGEN_REPLAY", raising=False)
+    replay.clear()
+    a = cupy.asarray(stress("random", m, n, batch, seed=2))
+    for _ in range(3):
+        h, tau = qrgen.geqrf(a)
+        assert check(a.get(), h, tau).ok
+    (plan,) = _plans("geqrf")
+    eager, replayed = plan.timed
+    assert eager > 0 and replayed > 0
+    assert bool(plan.graph) == (replayed < eager)
+    assert plan.graph or (plan.held == 0 and not plan.inputs)
     replay.clear()
 
 
