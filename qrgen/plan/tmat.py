@@ -11,7 +11,9 @@ from ..version import __version__
 from .specs import KernelSpec, Rendered
 
 NAME = "qr_tmat"
-THREADS = 1024  # threads per matrix
+THREADS = 1024  # threads per matrix: the kernel's bound, and its launch for more than SMALL reflectors
+SMALL = 64  # up to this many reflectors a launch takes SMALL_THREADS: its block products have at most 128 tiles of
+SMALL_THREADS = 256  # work, and smaller blocks let several matrices share an SM (docs/decisions.md#tmat-small)
 BLOCKED_MAX = 128
 MAX = 2 * BLOCKED_MAX
 LD = BLOCKED_MAX + 4  # floats between rows of G and T in shared memory: 16-byte aligned, 4 banks apart
@@ -30,6 +32,12 @@ def shared_bytes(a: int) -> int:
     h = BLOCKED_MAX
     r1, r2 = 32 * -(-min(a, h) // 32), 32 * -(-(a - h) // 32) if a > h else 0
     return 4 * ((2 * r1 + r2) * LD + XLD * (h if r2 else r1 - 32))
+
+
+def threads(a: int) -> int:
+    """Threads of the T kernel's launch for `a` reflectors (at most THREADS, its bound: the kernel strides by
+    blockDim and needs a warp per 32-row diagonal block of a half)."""
+    return SMALL_THREADS if a <= SMALL else THREADS
 
 
 @functools.cache

@@ -100,7 +100,7 @@ class CudaEngine:
         _, func = self.funcs[tmat.NAME]
         a = agg.a1 - agg.a0
         stop = self._mark("tmat", None)
-        self.launch(func, (self.nb, 1, 1), tmat.THREADS, tmat.shared_bytes(a), tmat.SIGNATURE,
+        self.launch(func, (self.nb, 1, 1), tmat.threads(a), tmat.shared_bytes(a), tmat.SIGNATURE,
                      (self.ptrs["gram"], self.tau_ptr + 4 * agg.a0, self.ptrs["tmat"], a, self.sizes.gram, self.fac.k,
                       self.gram_parts, self.ws.chunk * self.sizes.gram),
                      self.streams.side.ptr if side and self.streams is not None else None)

@@ -233,6 +233,16 @@ def test_tmat_shared_memory_fits_one_block():
         tmat.shared_bytes(tmat.MAX + 1)
 
 
+def test_tmat_launch_threads_cover_its_warps():
+    """The T kernel's launch (tmat.threads): within its bound, whole warps, a warp for each 32-row diagonal block of
+    a half (the blocks t_row builds at once), and fewer threads only for aggregates of at most tmat.SMALL."""
+    for a in range(1, tmat.MAX + 1):
+        threads = tmat.threads(a)
+        assert threads <= tmat.kernel(SM90).threads == tmat.THREADS and threads % 32 == 0
+        assert threads >= 32 * -(-min(a, tmat.BLOCKED_MAX) // 32)
+        assert (threads < tmat.THREADS) == (a <= tmat.SMALL)
+
+
 def _signature(source: str, name: str) -> tuple:
     """The ctypes of kernel `name`'s parameters as its rendered source declares them."""
     match = re.search(r'extern "C" __global__ void[^(]*(?:\([^)]*\)[^(]*)*?\b' + name + r"\(([^)]*)\)", source)

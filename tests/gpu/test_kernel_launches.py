@@ -107,7 +107,7 @@ def test_t_kernel_against_the_reference(w):
 @pytest.mark.parametrize("w,parts", [(31, 2), (128, 2), (128, 5), (200, 3), (256, 8)])
 def test_t_kernel_adds_g_parts(w, parts):
     """G in parts (run/buffers.gram_parts; the T kernel adds them in part order as it stages G, for the halves and
-    the corner): the T of their float32 sum, every entry written."""
+    the corner): the T of their float32 sum, every entry written, launched as the engine launches it."""
     import cupy
 
     from qrgen.plan import tmat
@@ -127,9 +127,9 @@ def test_t_kernel_adds_g_parts(w, parts):
     device = cupy.cuda.Device().id
     func = common_kernel(tmat.kernel(device_target(device)), device)
     t = cupy.full((batch, w, w), np.nan, dtype=cupy.float32)
-    func((batch,), (tmat.THREADS,), (cupy.asarray(split), cupy.asarray(tau, dtype=cupy.float32), t, np.int32(w),
-                                     np.int64(w * w), np.int32(w), np.int32(parts), np.int64(batch * w * w)),
-         shared_mem=tmat.shared_bytes(w))
+    args = (cupy.asarray(split), cupy.asarray(tau, dtype=cupy.float32), t, np.int32(w), np.int64(w * w), np.int32(w),
+            np.int32(parts), np.int64(batch * w * w))
+    func((batch,), (tmat.threads(w),), args, shared_mem=tmat.shared_bytes(w))
     got = t.get()
     assert np.abs(got - want).max() <= 100 * EPS32 * np.abs(want).max(), np.abs(got - want).max()
     assert np.array_equal(np.tril(got, -1), np.zeros_like(got))
