@@ -12,8 +12,10 @@ from .specs import KernelSpec, Rendered
 
 NAME = "qr_tmat"
 THREADS = 1024  # threads per matrix: the kernel's bound, and its launch for more than SMALL reflectors
-SMALL = 64  # up to this many reflectors a launch takes SMALL_THREADS: its block products have at most 128 tiles of
-SMALL_THREADS = 256  # work, and smaller blocks let several matrices share an SM (docs/decisions.md#tmat-small)
+# Up to SMALL reflectors a launch takes SMALL_THREADS: its block products have at most 128 tiles of work, and the
+# smaller blocks let several matrices share an SM (docs/decisions.md#tmat-small).
+SMALL = 64
+SMALL_THREADS = 256
 BLOCKED_MAX = 128
 MAX = 2 * BLOCKED_MAX
 LD = BLOCKED_MAX + 4  # floats between rows of G and T in shared memory: 16-byte aligned, 4 banks apart
