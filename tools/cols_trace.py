@@ -3,14 +3,12 @@ by column, with source variants of its producer and consumers (needs a CUDA GPU)
 
     python3 tools/cols_trace.py 40x176 --variant shipped --variant branches --variant butterfly --trace
 
-A case is BATCHxN: one cols panel N columns wide over N x N matrices (slice 8: 32 * N / 8 threads; --slice to
+A case is BATCHxN or BATCHxMxN: one cols panel N columns wide over N x N (or M x N, a tall panel alone) matrices (slice 8: 32 * N / 8 threads; --slice to
 change; --blocks 2: the warps on a cluster of two blocks). Each variant is the rendered kernel
 (templates/cuda/panel_cols.cuh) with text replaced:
   shipped    as rendered;
   branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
-  nextfirst  a producer updates its next column before it publishes the reflector (tau, arrival, pushes), its
-             other columns after;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
 kernel then runs a little slower, its time is printed too): cycles column to column inside a warp and from one
@@ -37,19 +35,17 @@ from qrgen.render.sources import render_all
 from qrgen.schedule.model import Panel, Schedule
 from qrgen.targets import Target
 
-BRANCHES = ("make_reflector<true>(warp_shuffle", "make_reflector<false>(warp_shuffle")
+BRANCHES = ("make_reflector<true>(alpha, sigma)", "make_reflector<false>(alpha, sigma)")
 SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
 SCATTER_END = "      d[0] = upper ? other : d[0];\n"
-PUBLISHED = "    mbar_arrive(bars + col);\n"
+PUBLISHED = "    mbar_arrive_first(bars + col);\n"
 CONSUMED = "    for (int c = 32 * J; c < last; ++c) consume<J>(c);\n"
 TRACED = 16  # reflectors whose every consumption is clocked
 TRACE_WARPS = 64  # room for every warp of a panel (32 a block, 2 blocks)
-TRACE_BUFFER = ("__device__ unsigned qr_trace_clock[64 * 1024];\n"
-                f"__device__ unsigned qr_trace_consumed[64 * {TRACED} * {TRACE_WARPS}];\n")
-VARIANTS = ("shipped", "branches", "butterfly", "nextfirst")
-PUBLISH_START = "    if (lane == 0) taus[col] = f.tau;\n"
-PUBLISH_END = "#pragma unroll\n    for (int k = I + 1; k < S; ++k) {\n"
-UPDATE_END = "      for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);\n"
+TRACE_BATCH = 1024  # room for this many matrices
+TRACE_BUFFER = (f"__device__ unsigned qr_trace_clock[{TRACE_BATCH} * 1024];\n"
+                f"__device__ unsigned qr_trace_consumed[{TRACE_BATCH} * {TRACED} * {TRACE_WARPS}];\n")
+VARIANTS = ("shipped", "branches", "butterfly")
 
 
 def _replace(source: str, old: str, new: str) -> str:
@@ -58,13 +54,14 @@ def _replace(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
-def kernel(n: int, slice_: int, target: Target = Target(), blocks: int = 1):
-    """The rendered cols kernel that factors an n x n matrix alone (on `blocks` blocks), and its shared memory in
-    bytes."""
+def kernel(n: int, slice_: int, target: Target = Target(), blocks: int = 1, m: int | None = None):
+    """The rendered cols kernel that factors an m x n matrix (m: n unless given) alone (on `blocks` blocks), and its
+    shared memory in bytes."""
+    m = n if m is None else m
     panel = Panel(n, "cols", threads=cols_threads(n, slice_, blocks), blocks=blocks, slice=slice_,
                   cluster=blocks > 1)
-    (rendered,) = render_all(Schedule(n, n, (panel,)), target)
-    return rendered, cols.shared_bytes(panel, n, False, n, n)
+    (rendered,) = render_all(Schedule(m, n, (panel,)), target)
+    return rendered, cols.shared_bytes(panel, m, False, m, n)
 
 
 def variant_source(source: str, variant: str) -> str:
@@ -79,16 +76,6 @@ def variant_source(source: str, variant: str) -> str:
                 raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
             i = source.index(SCATTER_START)
             source = source[:i] + "      warp_sum(d);\n" + source[source.index(SCATTER_END, i) + len(SCATTER_END):]
-        elif part == "nextfirst":
-            if PUBLISH_START not in source or PUBLISH_END not in source or UPDATE_END not in source:
-                raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
-            i = source.index(PUBLISH_START)
-            j = source.index(PUBLISH_END, i)
-            publish = source[i:j]
-            e = source.index(UPDATE_END, j) + len(UPDATE_END)
-            source = (source[:i] + "    auto publish = [&]() {\n" + publish + "    };\n" + source[j:e]
-                      + "      if (k == I + 1) publish();\n" + source[e:e + len("    }\n")]
-                      + "    if constexpr (I + 1 >= S) publish();\n" + source[e + len("    }\n"):])
     return source
 
 
@@ -108,14 +95,17 @@ def instrument(source: str) -> str:
     return source[:i] + TRACE_BUFFER + source[i:]
 
 
-def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int = 1) -> None:
+def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int = 1, m: int | None = None) -> None:
     import cupy
     import numpy as np
 
     from qrgen.numerics.check import check
     from qrgen.numerics.stress import mixed
 
-    rendered, smem = kernel(n, slice_, blocks=blocks)
+    m = n if m is None else m
+    if trace and batch > TRACE_BATCH:
+        raise ValueError(f"--trace stores clocks for at most {TRACE_BATCH} matrices, got a batch of {batch}")
+    rendered, smem = kernel(n, slice_, blocks=blocks, m=m)
     source = variant_source(rendered.source, variant)
     source = instrument(source) if trace else source
     # qrgen's NVRTC options but the architecture, which CuPy sets for the current device
@@ -123,13 +113,13 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int 
     fn = module.get_function(rendered.name)
     fn.max_dynamic_shared_size_bytes = smem
     threads = cols_threads(n, slice_, blocks)
-    a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, n, n), dtype=np.float32))
-    h, tau = cupy.empty_like(a), cupy.empty((batch, n), cupy.float32)
+    a = cupy.asarray(np.random.default_rng(0).standard_normal((batch, m, n), dtype=np.float32))
+    h, tau = cupy.empty_like(a), cupy.empty((batch, min(m, n)), cupy.float32)
     none, flags = cupy.empty(1, cupy.float32), cupy.zeros(1, cupy.uint32)
 
     def launch(x):
-        fn((batch * blocks,), (threads,), (x, h, tau, none, none, none, flags, np.uint32(0), np.int32(0), np.int32(n),
-                                  np.int32(n), np.int64(0)), shared_mem=smem)
+        fn((batch * blocks,), (threads,), (x, h, tau, none, none, none, flags, np.uint32(0), np.int32(0), np.int32(m),
+                                  np.int32(m), np.int64(0)), shared_mem=smem)
 
     launch(a)
     flush = cupy.empty(64 * 1024 * 1024, cupy.float32)
@@ -144,15 +134,16 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int 
         times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
     launch(a)
     where = f" x{blocks} blocks" if blocks > 1 else ""
-    line = (f"{batch}x{n}² slice {slice_}{where} {variant}{' (traced)' if trace else ''}: "
+    shape = f"{n}²" if m == n else f"{m}x{n}"
+    line = (f"{batch}x{shape} slice {slice_}{where} {variant}{' (traced)' if trace else ''}: "
             f"{statistics.median(times):.1f} µs; {check(a, h, tau)}")
-    hostile = cupy.asarray(mixed(n, n, batch, seed=5)[0])
+    hostile = cupy.asarray(mixed(m, n, batch, seed=5)[0])
     launch(hostile)
     print(f"{line}; hostile {check(hostile, h, tau)}", flush=True)
     if trace:
         launch(a)
         cupy.cuda.runtime.deviceSynchronize()
-        clocks = cupy.ndarray((64 * 1024,), cupy.uint32, memptr=module.get_global("qr_trace_clock"))
+        clocks = cupy.ndarray((TRACE_BATCH * 1024,), cupy.uint32, memptr=module.get_global("qr_trace_clock"))
         col = clocks[: batch * 1024].reshape(batch, 1024)[:, :n].get().astype(np.int64)
         step = np.median(np.diff(col - col[:, :1], axis=1), axis=0)
         inside = [step[i] for i in range(n - 1) if (i + 1) % slice_]
@@ -160,7 +151,7 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int 
         print(f"  cycles first to last column {np.median(col[:, n - 1] - col[:, 0]):.0f}; inside a warp: median "
               f"{np.median(inside):.0f}; warp to warp: median {np.median(handoff):.0f}; the first two warps: "
               + " ".join(f"{x:.0f}" for x in step[: 2 * slice_]), flush=True)
-        consumed = cupy.ndarray((64 * TRACED * TRACE_WARPS,), cupy.uint32,
+        consumed = cupy.ndarray((TRACE_BATCH * TRACED * TRACE_WARPS,), cupy.uint32,
                                 memptr=module.get_global("qr_trace_consumed"))
         done = consumed[: batch * TRACED * TRACE_WARPS].reshape(batch, TRACED, TRACE_WARPS).get().astype(np.int64)
         warps = -(-n // slice_)
@@ -174,17 +165,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
-    ap.add_argument("cases", nargs="+", metavar="BATCHxN")
+    ap.add_argument("cases", nargs="+", metavar="BATCHxN or BATCHxMxN")
     ap.add_argument("--slice", type=int, default=8, help="columns a warp (default 8)")
     ap.add_argument("--blocks", type=int, default=1, choices=cols.BLOCKS, help="blocks a matrix (default 1)")
     ap.add_argument("--variant", action="append", help=f"'+'-joined parts of {VARIANTS} (repeatable; default shipped)")
     ap.add_argument("--trace", action="store_true", help="also run each variant with a clock per column")
     args = ap.parse_args()
     for case in args.cases:
-        batch, n = (int(v) for v in case.lower().split("x"))
+        batch, *mn = (int(v) for v in case.lower().split("x"))
+        m, n = mn if len(mn) == 2 else (mn[0], mn[0])
         for variant in args.variant or ["shipped"]:
             for trace in (False, True) if args.trace else (False,):
-                run(batch, n, args.slice, variant, trace, args.blocks)
+                run(batch, n, args.slice, variant, trace, args.blocks, m)
 
 
 if __name__ == "__main__":
