@@ -386,6 +386,7 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 // warps. TRAIL: the panel writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of
 // its own, prepared by the last block, which then holds every reflector. Without WY each producer writes its
 // reflectors' rows of V^T at once, and the panel's aggregate computes T in its merge.
+
 // A publishing arrival, then a CTA-scope fence across which ptxas moves no instruction: the work that follows it
 // in the source (a producer's updates of its other columns) is not hoisted ahead of it to delay the consumers.
 __device__ __forceinline__ void mbar_arrive_first(unsigned long long* bar) {
@@ -393,23 +394,20 @@ __device__ __forceinline__ void mbar_arrive_first(unsigned long long* bar) {
   asm volatile("fence.acq_rel.cta;" ::: "memory");
 }
 
-constexpr int EARLY_ROOM = 32;  // registers beyond the columns and a reflector that the early norm needs
-constexpr int FULL_SLOTS = 6;   // the most rows a lane (in 32s) at which producers without tests pay
+// Producers without tests for columns past the panel (ColsPanel::FULL) up to this many rows a lane (in 32s) and
+// columns a warp (docs/decisions.md#cols-early).
+constexpr int FULL_SLOTS = 6;
+constexpr int FULL_SLICE = 4;
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
   static constexpr bool PREP = TRAIL && WY;  // G, T and (VT)^T in shared memory and in the last block
-  // registers a thread may take (one block an SM; ptxas allocates them in eights) and whether the producer's early
-  // norm fits beside the columns and a reflector (produce)
-  static constexpr int REGISTERS = 65536 / (WARPS * 32) / 8 * 8 < 255 ? 65536 / (WARPS * 32) / 8 * 8 : 255;
-  static constexpr bool EARLY = SLOTS * (S + 1) + S + EARLY_ROOM <= REGISTERS;
-  // every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
-  // of code to ptxas, which schedules across their columns. That pays with EARLY at few rows a lane (SLOTS <=
-  // FULL_SLOTS); with more the tests' blocks are faster, and without EARLY one block takes more registers than
-  // the cap leaves (docs/decisions.md#cols-early).
-  static constexpr bool FULL = EARLY && SLOTS <= FULL_SLOTS && NB % S == 0 && (NB / S) % BLOCKS == 0;
+  // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
+  // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
+  // more, the blocks the tests make are faster, or the one block spills.
+  static constexpr bool FULL = S <= FULL_SLICE && SLOTS <= FULL_SLOTS && NB % S == 0 && (NB / S) % BLOCKS == 0;
   static_assert(S % 2 == 0, "consumers take their columns in pairs");
 
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
@@ -482,19 +480,17 @@ struct ColsPanel {
     alpha = warp_shuffle(piv, col & 31);
   }
 
-  // Reflector of own column I (panel column col), published at once. With EARLY, the column the next reflector
-  // comes from is then updated and its norm reduced before this reflector reaches own columns I+2..S-1, and a fence
-  // keeps ptxas from hoisting those updates ahead of the publication: the chain from one reflector to the next holds
-  // two reductions, and the other updates issue while their shuffles are in flight. Without EARLY (where the
-  // registers have no room for that), each column's norm is reduced when its turn comes. TRAIL without WY: then
-  // its row of V^T.
+  // Reflector of own column I (panel column col) from its norm (sigma, alpha), published at once. Then the column
+  // the next reflector comes from is updated and its norm reduced before this reflector reaches own columns
+  // I+2..S-1, and a fence keeps ptxas from hoisting those updates ahead of the publication: the chain from one
+  // reflector to the next holds two reductions, and the other updates issue while their shuffles are in flight.
+  // TRAIL without WY: then its row of V^T.
   template <int I>
   __device__ __forceinline__ void produce(float* __restrict__ vt) {
     const int col = (g * WARPS + warp) * S + I;
     if constexpr (!FULL) {
       if (col >= NB) return;
     }
-    if constexpr (!EARLY) column_norm<I>(col, sigma, alpha);
     const Reflector f = make_reflector<true>(alpha, sigma);
     float v[SLOTS];
 #pragma unroll
@@ -505,11 +501,7 @@ struct ColsPanel {
       vs[col * RS + r] = r < mp ? v[s] : 0.0f;
     }
     if (lane == 0) taus[col] = f.tau;
-    if constexpr (EARLY) {
-      mbar_arrive_first(bars + col);
-    } else {
-      mbar_arrive(bars + col);
-    }
+    mbar_arrive_first(bars + col);
     if constexpr (BLOCKS > 1) {
 #pragma unroll
       for (int p = 1; p < BLOCKS; ++p) {
@@ -531,9 +523,7 @@ struct ColsPanel {
       d = warp_sum(d) * f.tau;
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
-      if constexpr (EARLY) {
-        if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);
-      }
+      if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);
     }
     if constexpr (TRAIL && !WY) {
 #pragma unroll
@@ -571,7 +561,7 @@ struct ColsPanel {
       }
     }
     consume_all<0>(own > 0 ? gw * S : 0);
-    if constexpr (EARLY) column_norm<0>(gw * S, sigma, alpha);
+    column_norm<0>(gw * S, sigma, alpha);
     produce_all<0>(vt);
     block_barrier();
 

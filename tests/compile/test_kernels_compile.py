@@ -179,13 +179,14 @@ def test_default_for_many_matrices_compiles_without_spills(tmp_path, monkeypatch
     _no_spills(sorted(items))
 
 
-def test_default_cols_aggregates_compile_without_spills(tmp_path, monkeypatch):
-    """The defaults' cols panels of 128 and 64 columns, each its own aggregate (default_cols_aggregates): at 8 rows
-    a lane on one block (100 x 256²), on clusters of two (7 x 300²) and at 16 rows a lane (640 x 512²), where the
-    producers' early norm and their code without tests (panel_cols's EARLY and FULL) meet the register cap."""
+def test_default_cols_panels_compile_without_spills(tmp_path, monkeypatch):
+    """The defaults' cols panels where the producers' early norm and their code without tests (panel_cols's FULL)
+    meet the register cap: one panel over 160 or 176 columns on one block (100 x 160², 100 x 176²), and panels of
+    128 and 64 columns each its own aggregate (default_cols_aggregates) at 8 rows a lane on one block (100 x 256²),
+    on clusters of two (7 x 300²) and at 16 rows a lane (640 x 512²)."""
     _test_cache(tmp_path, monkeypatch)
     items = set()
-    for m, n, batch in [(256, 256, 100), (300, 300, 7), (512, 512, 640)]:
+    for m, n, batch in [(160, 160, 100), (176, 176, 100), (256, 256, 100), (300, 300, 7), (512, 512, 640)]:
         schedule = default_schedule(Problem(m, n, batch))
         assert {p.variant for p in schedule.panels} == {"cols"}
         items |= {(r.name, r.source) for r in render_all(schedule, SM90) if r.name.startswith("qr_cols")}
@@ -264,12 +265,12 @@ def test_lanes_phases_tool_instruments_the_current_template(rows, slots, blocks)
 
 def test_cols_trace_tool_patches_the_current_template():
     # the cols_trace tool replaces parts of the cols kernel by text and stores a clock per column: every anchor must
-    # still be there (it raises otherwise); each variant compiles without spills at 176 rows on 22 warps, one block
-    # or a cluster of two (traced too).
+    # still be there (it raises otherwise); each variant compiles without spills at 160 rows on 20 warps of one block
+    # and at 176 on a cluster of two (traced too).
     script = _tool("cols_trace.py")
     items = []
-    for slice_, blocks in ((8, 1), (4, 2)):
-        rendered, shared = script.kernel(176, slice_, SM90, blocks)
+    for n, slice_, blocks in ((160, 8, 1), (176, 4, 2)):
+        rendered, shared = script.kernel(n, slice_, SM90, blocks)
         assert shared > 48 * 1024
         for variant in ("branches", "butterfly", "branches+butterfly"):
             source = script.variant_source(rendered.source, variant)
