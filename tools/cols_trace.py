@@ -1,19 +1,20 @@
-"""A cols panel as the whole factorization of square matrices (the seed's one-kernel design), timed and traced column
-by column, with source variants of its producer and consumers (needs a CUDA GPU).
+"""A cols panel as the whole factorization of square matrices (the seed's one-kernel design), or as a tall panel
+alone, timed and traced column by column, with source variants of its producer and consumers (needs a CUDA GPU).
 
     python3 tools/cols_trace.py 40x176 --variant shipped --variant branches --variant butterfly --trace
 
-A case is BATCHxN or BATCHxMxN: one cols panel N columns wide over N x N (or M x N, a tall panel alone) matrices (slice 8: 32 * N / 8 threads; --slice to
-change; --blocks 2: the warps on a cluster of two blocks). Each variant is the rendered kernel
+A case is BATCHxN or BATCHxMxN: one cols panel N columns wide over N x N (or M x N: a tall panel alone, such as
+640x512x64 for 640 x 512²'s first panel) matrices (slice 8: 32 * N / 8 threads; --slice to change; --blocks 2: the
+warps on a cluster of two blocks). Each variant is the rendered kernel
 (templates/cuda/panel_cols.cuh) with text replaced:
   shipped    as rendered;
   branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
-kernel then runs a little slower, its time is printed too): cycles column to column inside a warp and from one
-warp's last column to the next warp's first; and for the first 16 reflectors, how long after publishing the last
-consuming warp, and the next producer, had applied it.
+kernel's time is printed too, as the stamps change how ptxas schedules it): cycles column to column inside a warp
+and from one warp's last column to the next warp's first; and for the first 16 reflectors, how long after publishing
+the last consuming warp, and the next producer, had applied it.
 
 kernel, variant_source and instrument need no GPU (tests/compile checks that every anchor is still in the template
 and that each variant compiles without spills).
