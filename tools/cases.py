@@ -96,13 +96,14 @@ def overrides(text: str, fields: dict | None = None) -> dict:
 
 
 # A schedule's field edits (edited): KEY=VALUE overrides of schedule_ab.py's --variant and lanes_timeline.py's.
-EDITS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": flag,
+EDITS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": flag, "aggregate_update": str,
          "gram": str, "project": str, "update": str, "file": str, "width": int, "one_warp_tail": flag,
          "cluster": int, "slots": int, "every": flag, "whole": int, "threads": int, "loop": flag}
 EDITS_HELP = """\
 A variant is FIELD=VALUE pairs separated by commas, applied to the case's schedule in this order:
   file=PATH               a schedule file's schedule (for the same MxN) in place of the case's
-  aggregate=A lookahead=L panel_update=cublas|rowsplit|fused reach=0|1   the Schedule fields
+  aggregate=A lookahead=L panel_update=cublas|rowsplit|fused reach=0|1 aggregate_update=gemm|fused
+                          the Schedule fields
   gram= project= update=  a stage's precision (fp32, tf32, bf16, fp16; project and update also tf32x3)
   width=W                 every panel wider than W split into panels of W columns (the same kernel variant)
   loop=0|1                every warp, rows, tsqr and whole panel's column loop (qrgen.schedule.panels.with_loop)

@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass, replace
 
 from ..targets import Target
-from . import fused, rowsplit, scale, tf32x3, tmat
+from . import apply3, fused, rowsplit, scale, tf32x3, tmat
 from .family import panel_family, register_cap
 from .layout import aggregates, kept_blocks
 from .lanes import fused_q_kernel
@@ -139,6 +139,8 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         if tf32x3.q_precision(block.width) == "tf32x3":
             kinds |= tf32x3.project_kinds(block.width) | {"update"}  # Q's W = V^T P and P -= (V T) W
     kernels += [tf32x3.kernel(kind) for kind in tf32x3.CONFIGS if kind in kinds]
+    kernels += tf32x3.wg_kernels(schedule, target)
+    kernels += apply3.kernels(schedule, aggs, target)
     return Plan(tuple(kernels), tuple(launches), aggs, kept, keep)
 
 

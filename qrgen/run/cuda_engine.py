@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..plan import fused, rowsplit, scale, tf32x3, tmat, tsqr
+from ..plan import apply3, fused, rowsplit, scale, tf32x3, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from . import cublas
 from .buffers import GRAM_PART_ROWS
@@ -174,6 +174,10 @@ class CudaEngine:
                 self._done(stop)
                 return
         if precision == "tf32x3":
+            if stage == "update" and self.wg_update(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb,
+                                                    sb, beta, c, ldc, sc, side):
+                self._done(stop)
+                return
             if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
                                 side):
                 self._done(stop)
@@ -211,6 +215,25 @@ class CudaEngine:
                       self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
         return True
 
+    def wg_update(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+                  side) -> bool:
+        """C -= V W (V given as V^T) by the wgmma update kernel where the plan has one for this depth and every
+        pointer is 16-byte aligned and every dimension and stride a multiple of 4 floats; False (nothing launched)
+        otherwise."""
+        name = tf32x3.wg_name(depth)
+        ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
+        if ((trans_a, trans_b, alpha, beta) != (True, False, -1.0, 1.0) or name not in self.funcs
+                or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, lda, ldb, ldc, sa, sb, sc))):
+            return False
+        grid = tf32x3.wg_grid(rows, cols, self.nb, self.side_sms if side else self.ws.sms)
+        if grid is None:
+            return False
+        _, func = self.funcs[name]
+        self.launch(func, grid, tf32x3.WG_THREADS, self.fac.shared_bytes[name], tf32x3.SIGNATURE,
+                    (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, 1, 0),
+                    self.streams.side.ptr if side and self.streams is not None else None)
+        return True
+
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
         """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
         (timed as the stage "project")."""
@@ -224,6 +247,26 @@ class CudaEngine:
                      (ptr[z[0]] + 4 * z[1], zld, zs, ptr[v[0]] + 4 * v[1], vld, vs, ptr[c[0]] + 4 * c[1], self.fac.n,
                       self.fac.m * self.fac.n, rows, nc))
         self._done(stop)
+
+    def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
+        """An aggregate's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the apply3
+        kernel (timed as the stage "project"), where the plan has one for `width` whose shared memory holds `rows`
+        and every pointer is 16-byte aligned and every dimension and stride a multiple of 4 floats; False (nothing
+        launched) otherwise."""
+        name = apply3.name(width)
+        shared = apply3.shared_bytes(width, rows)
+        ptr = self.ptrs
+        ptrs = [ptr[x[0]] + 4 * x[1] for x in (z, v, c)]
+        if (name not in self.funcs or shared > self.fac.shared_bytes[name] or any(p % 16 for p in ptrs)
+                or any(x % 4 for x in (zld, zs, vld, vs, self.fac.n, rows, nc))):
+            return False
+        stop = self._mark("project", None)
+        _, func = self.funcs[name]
+        self.launch(func, (-(-nc // apply3.BN), self.nb, 1), apply3.THREADS, shared, apply3.SIGNATURE,
+                    (ptrs[0], zld, zs, ptrs[1], vld, vs, ptrs[2], self.fac.n, self.fac.m * self.fac.n, rows, nc),
+                    self.streams.side.ptr if side and self.streams is not None else None)
+        self._done(stop)
+        return True
 
     def _split(self, stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc):
         ptr = self.ptrs

@@ -86,3 +86,7 @@ class SkipStages:
     def fused(self, *args):
         if not {"project", "update"} & self.skip:
             self.engine.fused(*args)
+
+    def apply(self, *args):
+        """True (nothing run) where the products are skipped, else the engine's answer."""
+        return bool({"project", "update"} & self.skip) or self.engine.apply(*args)

@@ -17,6 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..numerics import qmatrix
 from ..numerics.reference import (factor_whole, matmul, panel_factor, product, round_to, scale, scale_exponents,
                                   tmatrix, tsqr_expand, tsqr_factor_tiles, tsqr_lu, tsqr_reflectors, tsqr_tiles)
+from ..plan import apply3
 from ..plan.planner import plan
 from ..plan.tsqr import tsqr_phases
 from ..targets import Target
@@ -193,6 +194,28 @@ class NumpyEngine:
         wmat = product(np.ascontiguousarray(zt), np.ascontiguousarray(mc), "fp32")
         mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, "fp32")
         self.log.append(("fused", width, rows, nc))
+
+    def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
+        """The apply3 kernel where the plan has one for `width` whose shared memory holds `rows`: W = Z^T C, then
+        C -= V W, both in tf32x3 (W rounded to fp32 between); False otherwise, as the CUDA engine answers."""
+        spec = next((k for k in self.fac.kernels if k.name == apply3.name(width)), None)
+        if spec is None or apply3.shared_bytes(width, rows) > spec.shared_bytes:
+            return False
+        args = (z, zld, zs, v, vld, vs, width, rows, c, nc)
+        if side:
+            self.held.append((self._apply, args))
+        else:
+            self._apply(*args)
+        self.log.append(("apply", width, rows, nc) + (("side",) if side else ()))
+        return True
+
+    def _apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
+        n = self.fac.m * self.fac.n
+        zt = self._matrix(z[0], z[1], zs, width, rows, zld)
+        vt = self._matrix(v[0], v[1], vs, width, rows, vld)
+        mc = self._matrix(c[0], c[1], n, rows, nc, self.fac.n)
+        wmat = product(np.ascontiguousarray(zt), np.ascontiguousarray(mc), "tf32x3")
+        mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, "tf32x3")
 
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
               precision, via):

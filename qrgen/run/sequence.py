@@ -62,9 +62,14 @@ def drive(fac, engine) -> None:
     def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False,
                  own=False):
         """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first); own: a
-        panel's own products, which SkipStages leaves out for the pseudo-stage "own" (profiling)."""
+        panel's own products, which SkipStages leaves out for the pseudo-stage "own" (profiling); how "apply": an
+        aggregate's, by the apply3 kernel where the plan has one that takes them, else as the two GEMMs."""
         if own and "own" in getattr(engine, "skip", ()):
             return
+        if how == "apply":
+            if engine.apply(z, zld, zs, v, vld, vs, width, rows, ("h", col), nc, side):
+                return
+            how = "cublas"
         if how == "fused":
             engine.fused(z, zld, zs, v, vld, vs, width, rows, ("h", col), nc)
             return
@@ -123,15 +128,16 @@ def drive(fac, engine) -> None:
             continue
         args = (zg_at, rows, zg_bs, vt_at, rows, vbs, a, rows)
         row0 = agg.a0 * n
+        how = "apply" if fac.schedule.aggregate_update == "fused" else "cublas"
         if reach:
             # the columns the next aggregate's panels reach into (the aggregate after next), then the rest
             near = aggs[i + 2].a1 if i + 2 < len(aggs) else agg.c1
             if near > agg.c1:
-                products(*args, row0 + agg.c1, near - agg.c1, "w_side", prec.project, prec.update, side=True)
+                products(*args, row0 + agg.c1, near - agg.c1, "w_side", prec.project, prec.update, how, side=True)
                 engine.mark()
                 marked = True
             for c0, c1 in side_pieces(near, n, rows, engine.nb, engine.sms, ahead):
-                products(*args, row0 + c0, c1 - c0, "w_side", prec.project, prec.update, side=True)
+                products(*args, row0 + c0, c1 - c0, "w_side", prec.project, prec.update, how, side=True)
             continue
         if pending:
             engine.join()
@@ -139,13 +145,13 @@ def drive(fac, engine) -> None:
         nxt = aggs[i + 1] if i + 1 < len(aggs) else None
         if ahead and nxt is not None and nxt.nc > 0:
             near = nxt.a1 - agg.a1
-            products(*args, row0 + agg.a1, near, "w", prec.project, prec.update)
+            products(*args, row0 + agg.a1, near, "w", prec.project, prec.update, how)
             engine.fork()
             for c0, c1 in side_pieces(nxt.a1, n, rows, engine.nb, engine.sms, ahead):
-                products(*args, row0 + c0, c1 - c0, "w_side", prec.project, prec.update, side=True)
+                products(*args, row0 + c0, c1 - c0, "w_side", prec.project, prec.update, how, side=True)
             pending = True
         else:
-            products(*args, row0 + agg.a1, agg.nc, "w", prec.project, prec.update)
+            products(*args, row0 + agg.a1, agg.nc, "w", prec.project, prec.update, how)
     if pending:
         engine.join()
     if fac.schedule.scaled:

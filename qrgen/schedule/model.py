@@ -16,6 +16,7 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PRODUCT_PRECISIONS = PRECISIONS + ("tf32x3",)
 STAGES = ("gram", "project", "update")
 PANEL_UPDATES = ("cublas", "rowsplit", "fused")
+AGGREGATE_UPDATES = ("gemm", "fused")
 MAX_AGGREGATE = 256  # the widest T the T kernel builds (plan/tmat.MAX)
 
 
@@ -117,6 +118,10 @@ class Schedule:
     # an aggregate's merge (G, T, (VT)^T) or of its products (the columns past the next aggregate) is left on the
     # panels' chain: all of it runs on the side lane (run/sequence.drive; plan/layout.aggregates' c1).
     reach: bool = False
+    # How each aggregate's two products run: "gemm", two GEMMs (cuBLAS or the tf32x3 kernels, as the precisions
+    # say); "fused", where both are tf32x3, one kernel (plan/apply3.py: C's columns stay in shared memory for both
+    # products, W never leaves the block) for the aggregates it takes, the GEMMs for the others.
+    aggregate_update: str = "gemm"
 
     def __post_init__(self):
         object.__setattr__(self, "panels", tuple(self.panels))
@@ -143,6 +148,15 @@ class Schedule:
         if self.reach and not self.lookahead:
             raise ValueError("Schedule.reach needs lookahead (Schedule.lookahead > 0): it moves an aggregate's merge "
                              "and products to the side lane")
+        if self.aggregate_update not in AGGREGATE_UPDATES:
+            raise ValueError(f"Schedule.aggregate_update must be one of {AGGREGATE_UPDATES}, got "
+                             f"{self.aggregate_update!r}")
+        if self.aggregate_update == "fused" and not (self.aggregate and self.precision.project == "tf32x3"
+                                                     and self.precision.update == "tf32x3"):
+            raise ValueError("Schedule.aggregate_update 'fused' needs aggregates (Schedule.aggregate > 0) and "
+                             "tf32x3 projections and updates (Precision.project and .update 'tf32x3'); got "
+                             f"aggregate {self.aggregate}, project {self.precision.project!r}, update "
+                             f"{self.precision.update!r}")
         if any(p.variant == "whole" for p in self.panels):
             if len(self.panels) != 1:
                 raise ValueError("a Panel of variant 'whole' factors the whole matrix: it must be the schedule's "
@@ -189,6 +203,8 @@ class Schedule:
             data["lookahead"] = self.lookahead
         if self.reach:
             data["reach"] = True
+        if self.aggregate_update != "gemm":
+            data["aggregate_update"] = self.aggregate_update
         return data
 
     @classmethod
@@ -197,7 +213,8 @@ class Schedule:
             panels = tuple(Panel(**p) for p in data["panels"])
             return cls(m=data["m"], n=data["n"], panels=panels, precision=Precision(**data.get("precision", {})),
                        aggregate=data.get("aggregate", 0), panel_update=data.get("panel_update", "cublas"),
-                       lookahead=data.get("lookahead", 0), reach=data.get("reach", False))
+                       lookahead=data.get("lookahead", 0), reach=data.get("reach", False),
+                       aggregate_update=data.get("aggregate_update", "gemm"))
         except KeyError as exc:
             raise ValueError(f"schedule JSON lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
@@ -220,5 +237,6 @@ class Schedule:
         text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
         text += f" (lookahead, pieces of {self.lookahead} waves)" if self.lookahead else ""
         text += "; panel products reach through the next aggregate (merges on the side lane)" if self.reach else ""
+        text += "; aggregate products fused (one tf32x3 launch)" if self.aggregate_update == "fused" else ""
         return text + {"rowsplit": "; panel products split over blocks",
                        "fused": "; panel products fused (one launch)"}.get(self.panel_update, "")

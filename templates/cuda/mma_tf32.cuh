@@ -7,3 +7,12 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// x ~ hi + lo, both tf32: hi is x rounded to tf32 (to nearest, ties away: add half a tf32 ulp to the bits and clear
+// the 13 low mantissa bits, two integer operations where cvt.rna.tf32.f32 takes about eight with its Inf/NaN
+// checks); x - hi is exact in fp32 with |x - hi| <= 2^-11 |x|, and lo is it truncated to tf32, so |x - hi - lo| <=
+// 2^-21 |x|, under fp32's rounding of the sums. NaN stays NaN (in lo).
+__device__ __forceinline__ void split(float x, unsigned& hi, unsigned& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+}

@@ -12,7 +12,7 @@ from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES, needs_nvrtc
 from qrgen.api import keeps_q
 from qrgen.compile.nvrtc import compile_many, compile_source
 from qrgen.paths import schedule_dir
-from qrgen.plan import fused, rows, whole
+from qrgen.plan import apply3, fused, rows, whole
 from qrgen.plan.cols import cols_threads
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
@@ -140,6 +140,31 @@ def test_tf32x3_kernels_compile_without_spills(tmp_path, monkeypatch):
         items.update((r.name, r.source) for r in render_all(schedule, SM90) if "tf32x3" in r.name)
     assert sorted(items) == ["qr_tf32x3_gram", "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update"]
     _no_spills(list(items.items()))
+
+
+def test_apply3_kernels_compile_without_spills(tmp_path, monkeypatch):
+    """The fused aggregate products (aggregate_update "fused": one apply3 kernel per aggregate width) compile for
+    sm_90 without spills at every width they take. (Their plan and result: tests/cpu/test_numpy_engine.py,
+    test_fused_aggregate_products.)"""
+    _test_cache(tmp_path, monkeypatch)
+    items = {}
+    for aggregate in apply3.WIDTHS:
+        schedule = Schedule(512, 512, tuple(Panel(32, "rows", 256) for _ in range(16)),
+                            Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate, aggregate_update="fused")
+        items.update((r.name, r.source) for r in render_all(schedule, SM90) if "apply3" in r.name)
+    assert sorted(items) == sorted(apply3.name(w) for w in apply3.WIDTHS)
+    _no_spills(list(items.items()))
+
+
+def test_wgmma_probe_compiles_for_sm_90a():
+    """tools/wgmma_probe.py's kernels (wgmma, which only sm_90a has) compile with the installed NVRTC."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "wgmma_probe.py"), "--compile-only"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("Used") == 3
 
 
 def test_cluster_panel_kernels_compile_without_spills(tmp_path, monkeypatch):

@@ -1,13 +1,15 @@
 """CPU layer: the launch sequence (run/sequence.drive: offsets, leading dimensions, batch strides, aggregates,
 lookahead, reach, Q from kept blocks) run by the NumPy engine (the CPU backend, run/numpy_engine.py) gives the
 reference's factorization."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 from qrgen.numerics import reference
 from qrgen.numerics.check import check
 from qrgen.numerics.stress import FAMILIES, stress
-from qrgen.plan import tf32x3
+from qrgen.plan import apply3, tf32x3
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.run import numpy_engine
@@ -100,6 +102,38 @@ def test_fused_panel_products():
         "qr_fused_w20", "qr_fused_w20_c2", "qr_fused_w20_c4", "qr_fused_w20_c8"]
     with pytest.raises(ValueError, match="'fused' takes panels of at most 32"):
         _uniform(128, 128, 64, panel_update="fused", variant="cols")
+
+
+@pytest.mark.parametrize("m,n,aggregate,lookahead", [(320, 256, 64, 0), (320, 320, 128, 2), (1400, 256, 64, 0)])
+def test_fused_aggregate_products(m, n, aggregate, lookahead):
+    """aggregate_update "fused": each aggregate's W = (VT)^T C and C -= V W as one apply3 launch where its shared
+    memory holds the aggregate's rows (the two tf32x3 GEMMs elsewhere), h and tau bit for bit the two-GEMM
+    schedule's (the same products, W rounded to fp32 between); saved and loaded with the schedule; refused without
+    aggregates or tf32x3 products."""
+    gemm = _uniform(m, n, 32, aggregate=aggregate, precision=Precision("fp32", "tf32x3", "tf32x3"),
+                    lookahead=lookahead)
+    if m > 1024:  # the default's panels (lanes on clusters)
+        gemm = dataclasses.replace(gemm, panels=default_schedule(Problem(m, n)).panels)
+    fused = dataclasses.replace(gemm, aggregate_update="fused")
+    a = stress("random", m, n, 2, seed=3)
+    h0, t0, _ = numpy_engine.geqrf(a.copy(), gemm)
+    h1, t1, log = numpy_engine.geqrf(a.copy(), fused)
+    assert np.array_equal(h0, h1) and np.array_equal(t0, t1)
+    applied = [e for e in log if e[0] == "apply"]
+    aggs = [g for g in plan(fused).aggregates if g.nc > 0]
+    fits = [g for g in aggs if apply3.takes(aggregate, g.rows, Target())]
+    assert applied and all(e[1] == aggregate for e in applied)
+    assert {e[2] for e in applied} == {g.rows for g in fits}
+    assert (len(fits) < len(aggs)) == (m == 1400)  # 1,400 rows of C's 32 columns do not fit shared memory
+    spec = next(k for k in plan(fused).kernels if k.variant == "apply3")
+    assert (spec.name, spec.shared_bytes) == (apply3.name(aggregate), apply3.shared_bytes(aggregate,
+                                                                                          max(g.rows for g in fits)))
+    assert Schedule.from_json(fused.to_json()) == fused and fused.to_json()["aggregate_update"] == "fused"
+    assert "aggregate_update" not in gemm.to_json() and "aggregate products fused" in fused.describe()
+    with pytest.raises(ValueError, match="'fused' needs aggregates"):
+        dataclasses.replace(gemm, precision=Precision(), aggregate_update="fused")
+    with pytest.raises(ValueError, match="aggregate_update must be one of"):
+        dataclasses.replace(gemm, aggregate_update="one")
 
 
 def test_fused_cluster_choice():

@@ -181,6 +181,31 @@ def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
     assert float(cupy.abs(fac(b)[0] - ref(b)[0]).max()) <= 1e-3 * float(cupy.abs(b).max())
 
 
+@pytest.mark.parametrize("m,n,aggregate,lookahead", [(512, 512, 64, 0), (320, 448, 128, 2), (257, 255, 64, 0)])
+def test_fused_aggregate_products(m, n, aggregate, lookahead, monkeypatch):
+    """aggregate_update "fused": each aggregate's two tf32x3 products in one apply3 launch (257 x 255 is not 16-byte
+    aligned: the launch declines and the GEMMs run); every stress family passes the gates, and the result is the
+    two-GEMM schedule's to tf32x3's accuracy."""
+    import cupy
+
+    taken = []
+    apply = cuda_engine.CudaEngine.apply
+    monkeypatch.setattr(cuda_engine.CudaEngine, "apply", lambda self, *args: taken.append(apply(self, *args))
+                        or taken[-1])
+    gemm = dataclasses.replace(aggregated_schedule(m, n, 32, aggregate, "cublas", lookahead),
+                               precision=Precision("fp32", "tf32x3", "tf32x3"))
+    fused = dataclasses.replace(gemm, aggregate_update="fused")
+    fac, ref = Factorizer(m, n, fused, SM90), Factorizer(m, n, gemm, SM90)
+    assert any(k.variant == "apply3" for k in fac.kernels)
+    a, _ = mixed(m, n, 2 * len(FAMILIES), seed=9)
+    h, tau = fac(cupy.asarray(a))
+    report = check(a, h, tau)
+    assert report.ok, str(report)
+    assert taken and all(taken) == (m % 4 == 0 and n % 4 == 0) and any(taken) == all(taken)
+    b = cupy.asarray(stress("random", m, n, 4, seed=2))
+    assert float(cupy.abs(fac(b)[0] - ref(b)[0]).max()) <= 1e-4 * float(cupy.abs(b).max())
+
+
 @pytest.mark.parametrize("m,n,batch,aggregate,lookahead", [(1024, 1024, 3, 128, 0), (1024, 1024, 2, 256, 32)])
 def test_fp16_products_at_every_scale(m, n, batch, aggregate, lookahead):
     """Schedules with fp16 product inputs scale each matrix by a power of two first (Schedule.scaled): a mixed
