@@ -92,19 +92,8 @@ def options(arch: str, ptx: bool = False, quick: bool | str = False) -> tuple[st
             + (QUICK[level] if level else ()))
 
 
-ARCH_SPECIFIC = "#define QR_ARCH_SPECIFIC 1"  # a source that has this line is built for the arch-specific target
-
-
-def build_arch(source: str, arch: str, ptx: bool = False) -> str:
-    """The architecture a source is built for: sm_90's arch-specific target (sm_90a, whose wgmma no other GPU has)
-    where the source asks for it (templates/cuda/wgmma.cuh) and the build is a cubin for sm_90, else `arch`. The
-    planner gives such kernels to cubin targets of sm_90 only (targets.WGMMA)."""
-    return "sm_90a" if arch == "sm_90" and not ptx and ARCH_SPECIFIC in source else arch
-
-
 def cache_key(source: str, arch: str, opts: tuple[str, ...] | None = None, compiler: tuple[int, int] | None = None,
               version_: str = __version__, ptx: bool = False, quick: bool | str = False) -> str:
-    arch = build_arch(source, arch, ptx)
     return cache.key(source, arch, options(arch, ptx, quick) if opts is None else opts,
                      version() if compiler is None else compiler, version_)
 
@@ -124,7 +113,6 @@ ERROR_LINES = 12  # of the compiler's log in the error of a kernel that does not
 
 def nvrtc_compile(source: str, name: str, arch: str, ptx: bool = False, quick: bool | str = False) -> tuple[bytes, str]:
     """(cubin, or PTX with ptx=True, and the compiler's log)."""
-    arch = build_arch(source, arch, ptx)
     nvrtc = _library()
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
     try:

@@ -14,7 +14,8 @@ A panel family (warp, rows, lanes, cols, tsqr, whole) defines:
   features(panel)                    the target features it needs,
   SIGNATURE                          its launch parameters (SIGNATURE_CODES below),
   render(spec, schedule, target)     its source.
-The product families (rowsplit, fused, tmat, scale, tf32x3) define their specs, names, layouts, SIGNATUREs and render.
+The product families (rowsplit, fused, tmat, scale, tf32x3, apply3) define their specs, names, layouts, SIGNATUREs and
+render.
 """
 from __future__ import annotations
 

@@ -139,7 +139,6 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         if tf32x3.q_precision(block.width) == "tf32x3":
             kinds |= tf32x3.project_kinds(block.width) | {"update"}  # Q's W = V^T P and P -= (V T) W
     kernels += [tf32x3.kernel(kind) for kind in tf32x3.CONFIGS if kind in kinds]
-    kernels += tf32x3.wg_kernels(schedule, target)
     kernels += apply3.kernels(schedule, aggs, target)
     return Plan(tuple(kernels), tuple(launches), aggs, kept, keep)
 

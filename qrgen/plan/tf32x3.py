@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..render.environment import environment
-from ..targets import ASYNC_COPY, TF32_MMA, WGMMA
+from ..targets import ASYNC_COPY, TF32_MMA
 from ..targets.cuda import GRID_YZ
 from ..version import __version__
 from .layout import aggregates
@@ -33,11 +33,6 @@ CONFIGS = {
 }
 SMALL_GRID = 2  # projections of up to 128 rows take 64-row tiles below this many 128-row tiles an SM (project_kind)
 MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
-# The update C -= V W on wgmma (templates/cuda/update_wg.cu.j2), one kernel per depth: blocks of 64 columns over
-# row tiles of 128, V's fragments WG_KC of the depth at a time; depths that are multiples of WG_KC whose shared
-# memory (wg_shared_bytes) the target has
-WG_BM, WG_BN, WG_THREADS, WG_KC, WG_MIN_BLOCKS = 128, 64, 256, 16, 2
-WG_WAVES = 2  # blocks per SM a launch asks for at least, splitting the row tiles over grid.y where needed
 # a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta, parts of K, floats between the parts' outputs
 SIGNATURE = "PILPILPILIIIFFIL"
 
@@ -77,53 +72,12 @@ def kernel(kind: str) -> KernelSpec:
                       kind=kind)
 
 
-def wg_name(depth: int) -> str:
-    return f"qr_tf32x3_update_wg_k{depth}"
-
-
-def wg_shared_bytes(depth: int) -> int:
-    """-W's two tf32 parts (depth x 64 words each) and two stages of a row tile's V^T (depth x 132)."""
-    return 4 * (2 * depth * WG_BN + 2 * depth * (WG_BM + 4))
-
-
-def wg_kernel(depth: int) -> KernelSpec:
-    """The update on wgmma for a depth (an aggregate's or panel's width)."""
-    return KernelSpec(wg_name(depth), "tf32x3", depth, WG_THREADS, 1, 0, 4, False, 0, wg_shared_bytes(depth), (),
-                      kind="update_wg")
-
-
-def wg_grid(rows: int, cols: int, matrices: int, sms: int) -> tuple[int, int, int] | None:
-    """Column tiles, row groups (each block takes every grid.y-th row tile: fewer where the column tiles of all
-    matrices fill WG_WAVES blocks an SM), matrices; None past CUDA's grid.z."""
-    tiles, row_tiles = -(-cols // WG_BN), -(-rows // WG_BM)
-    groups = max(1, min(row_tiles, -(-WG_WAVES * sms // (tiles * matrices))))
-    return None if max(groups, matrices) > GRID_YZ else (tiles, groups, matrices)
-
-
-def wg_takes(depth: int, target) -> bool:
-    """Depths of whole register sets from MIN whose blocks fit WG_MIN_BLOCKS to an SM's shared memory (1 KiB of it
-    reserved per block)."""
-    return (depth % WG_KC == 0 and depth >= MIN
-            and WG_MIN_BLOCKS * (wg_shared_bytes(depth) + 1024) <= target.limits.sm_shared_bytes)
-
-
-def wg_kernels(schedule, target) -> list[KernelSpec]:
-    """The wgmma updates of a schedule whose updates run in tf32x3, on a target with wgmma that builds cubins (a
-    PTX build runs on later GPUs, which lack it): one per depth of its updates (the aggregates' widths with columns
-    right of them, and the widths of panels with products of their own) that the kernel takes."""
-    if schedule.precision.update != "tf32x3" or not target.has(WGMMA) or target.ptx:
-        return []
-    aggs = aggregates(schedule)
-    depths = {a.a1 - a.a0 for a in aggs if a.nc > 0} | {p.width for p in schedule.panels}
-    return [wg_kernel(d) for d in sorted(depths) if wg_takes(d, target)]
-
-
 def signature(spec: KernelSpec) -> str:
     return SIGNATURE
 
 
 def features(spec: KernelSpec) -> tuple[str, ...]:
-    return (WGMMA,) if spec.kind == "update_wg" else (TF32_MMA, ASYNC_COPY)
+    return (TF32_MMA, ASYNC_COPY)
 
 
 def project_kind(rows: int, cols: int = 0, matrices: int = 0, sms: int = 0) -> str:
@@ -183,10 +137,6 @@ def without_idle(schedule):
 
 
 def render(spec: KernelSpec, schedule, target) -> Rendered:
-    if spec.kind == "update_wg":
-        template = environment().get_template(f"{target.record.template_dir}/update_wg.cu.j2")
-        return Rendered(spec.name, template.render(version=__version__, arch=target.arch, name=spec.name,
-                                                   depth=spec.width, kc=WG_KC, min_blocks=WG_MIN_BLOCKS))
     template = environment().get_template(f"{target.record.template_dir}/tf32x3.cu.j2")
     return Rendered(spec.name, template.render(version=__version__, arch=target.arch, name=spec.name,
                                                **CONFIGS[spec.kind]))

@@ -174,10 +174,6 @@ class CudaEngine:
                 self._done(stop)
                 return
         if precision == "tf32x3":
-            if stage == "update" and self.wg_update(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb,
-                                                    sb, beta, c, ldc, sc, side):
-                self._done(stop)
-                return
             if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
                                 side):
                 self._done(stop)
@@ -213,25 +209,6 @@ class CudaEngine:
         self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
                      (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, parts,
                       self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
-        return True
-
-    def wg_update(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                  side) -> bool:
-        """C -= V W (V given as V^T) by the wgmma update kernel where the plan has one for this depth and every
-        pointer is 16-byte aligned and every dimension and stride a multiple of 4 floats; False (nothing launched)
-        otherwise."""
-        name = tf32x3.wg_name(depth)
-        ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
-        if ((trans_a, trans_b, alpha, beta) != (True, False, -1.0, 1.0) or name not in self.funcs
-                or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, lda, ldb, ldc, sa, sb, sc))):
-            return False
-        grid = tf32x3.wg_grid(rows, cols, self.nb, self.side_sms if side else self.ws.sms)
-        if grid is None:
-            return False
-        _, func = self.funcs[name]
-        self.launch(func, grid, tf32x3.WG_THREADS, self.fac.shared_bytes[name], tf32x3.SIGNATURE,
-                    (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, 1, 0),
-                    self.streams.side.ptr if side and self.streams is not None else None)
         return True
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):

@@ -1,12 +1,11 @@
 """The CUDA backend: NVIDIA architectures from sm_80 on, their limits and features."""
 from __future__ import annotations
 
-from .records import ASYNC_COPY, CLUSTERS, COOPERATIVE, MBARRIER, TF32_MMA, WGMMA, Arch, Backend, Limits
+from .records import ASYNC_COPY, CLUSTERS, COOPERATIVE, MBARRIER, TF32_MMA, Arch, Backend, Limits
 
 GRID_YZ = 65535  # CUDA's limit on a launch's grid.y and grid.z (grid.x goes to 2^31 - 1)
 _AMPERE = frozenset({ASYNC_COPY, TF32_MMA, COOPERATIVE, MBARRIER})
 _HOPPER = _AMPERE | {CLUSTERS}
-_SM90 = _HOPPER | {WGMMA}  # wgmma is sm_90's alone (its arch-specific target; later GPUs run PTX without it)
 
 
 def _limits(shared_kib: int, sm_shared_kib: int, threads: int = 1024, clusters: tuple[int, int] = (0, 0)) -> Limits:
@@ -21,8 +20,8 @@ ARCHS = {a.name: a for a in (
     Arch("sm_86", _limits(99, 100), _AMPERE),
     Arch("sm_87", _limits(163, 164), _AMPERE),
     Arch("sm_89", _limits(99, 100), _AMPERE),
-    Arch("sm_90", _limits(227, 228, clusters=(8, 16)), _SM90),
-    Arch("sm_90a", _limits(227, 228, clusters=(8, 16)), _SM90),
+    Arch("sm_90", _limits(227, 228, clusters=(8, 16)), _HOPPER),
+    Arch("sm_90a", _limits(227, 228, clusters=(8, 16)), _HOPPER),
     Arch("sm_100", _limits(227, 228, clusters=(8, 16)), _HOPPER),
     Arch("sm_103", _limits(227, 228, clusters=(8, 16)), _HOPPER),
     Arch("sm_120", _limits(99, 100, clusters=(8, 8)), _HOPPER),

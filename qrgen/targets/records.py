@@ -8,11 +8,10 @@ CLUSTERS = "clusters"  # thread-block clusters with distributed shared memory (s
 MBARRIER = "mbarrier"  # shared-memory barriers with transaction counts
 ASYNC_COPY = "async_copy"  # cp.async global-to-shared copies
 TF32_MMA = "tf32_mma"  # tensor-core products with tf32 inputs (mma.sync m16n8k8)
-WGMMA = "wgmma"  # warpgroup tensor-core products (wgmma.mma_async), built for sm_90a (compile/nvrtc.build_arch)
 COOPERATIVE = "cooperative"  # cooperative launches (every block of a grid resident at once)
 SIMDGROUP_MATRIX = "simdgroup_matrix"  # Metal's 8x8 simdgroup matrix products (float and half inputs)
 SIMDGROUP_BFLOAT = "simdgroup_bfloat"  # Metal's 8x8 simdgroup matrices of bfloat inputs (MSL 3.1)
-FEATURES = (CLUSTERS, MBARRIER, ASYNC_COPY, TF32_MMA, WGMMA, COOPERATIVE, SIMDGROUP_MATRIX, SIMDGROUP_BFLOAT)
+FEATURES = (CLUSTERS, MBARRIER, ASYNC_COPY, TF32_MMA, COOPERATIVE, SIMDGROUP_MATRIX, SIMDGROUP_BFLOAT)
 
 
 @dataclass(frozen=True)

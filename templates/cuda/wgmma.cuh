@@ -1,11 +1,11 @@
-// Feature "wgmma" (sm_90a only: kernels that include this header are built for the arch-specific target): the
+// Feature "wgmma" (sm_90a only: a source that includes this header compiles for the arch-specific target): the
 // warpgroup's asynchronous tensor-core product D += A B of a 64 x 64 x 8 tile with tf32 inputs, A in registers (each
 // warp's 16 rows in mma.sync m16n8k8's A fragment: a[0] row gid k tig, a[1] row gid + 8, a[2] k tig + 4, a[3] both),
 // B in shared memory K-major, named by a descriptor; D in registers, per warp 16 rows in mma.sync's C fragment for
 // each of the 8 column tiles j (d[4 j] row gid column 8 j + 2 tig, d[4 j + 1] the next column, d[4 j + 2] and
 // d[4 j + 3] row gid + 8). Products are issued, committed as a group, and waited for (wg_wait<N>: at most N groups
 // in flight); wg_fence orders register writes before the products that read them.
-#define QR_ARCH_SPECIFIC 1  // compile/nvrtc.build_arch: built for sm_90a
+// Used by tools/wgmma_probe.py (no kernel family yet: docs/decisions.md#wgmma-update).
 
 // B's shared-memory descriptor, no swizzle: core matrices of 8 rows (N) x 16 bytes (4 tf32 along K), 128 bytes
 // each; lbo bytes between the two core matrices of a k8 step, sbo between core matrices along N (bits 0-13 the

@@ -55,7 +55,8 @@ SCHEDULES = [
 
 def test_every_template_renders_strictly():
     """Every template renders (StrictUndefined: no variable missing) for the kernels of the schedules above, their
-    keep plans and the fused kernels' clusters; between them they use every template under templates/."""
+    keep plans, the fused kernels' clusters, the opt-in apply3 kernel and the wgmma probe's header; between them they
+    use every template under templates/."""
     env = environment()
     used = set()
     loader_get = env.loader.get_source
@@ -74,6 +75,10 @@ def test_every_template_renders_strictly():
                 sources += render_all(schedule, TARGET, keep=True)
         sources += [render(fused.kernel(20, cluster), None, TARGET) for cluster in (1, 4)]
         sources += [render(tf32x3.kernel(kind), None, TARGET) for kind in tf32x3.CONFIGS]
+        opt_in = Schedule(256, 256, tuple(Panel(32, "rows", 256) for _ in range(8)),
+                          Precision("fp32", "tf32x3", "tf32x3"), aggregate=64, aggregate_update="fused")
+        sources += [r for r in render_all(opt_in, TARGET) if "apply3" in r.name]  # aggregate_update "fused"
+        env.get_template("cuda/wgmma.cuh").render()  # tools/wgmma_probe.py's helpers
         render_module(Problem(64, 64, 8), Target())
         apple = Target.parse("apple9")
         for shape in ((64, 64, 8), (300, 300, 2), (2048, 32, 1)):  # Metal: rows, tsqr, GEMMs, T (plain, keep)
