@@ -187,12 +187,7 @@ class NumpyEngine:
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
         """The fused kernel: W = Z^T C in fp32, then C -= V W (W never leaves the kernel)."""
-        n = self.fac.m * self.fac.n
-        zt = self._matrix(z[0], z[1], zs, width, rows, zld)
-        vt = self._matrix(v[0], v[1], vs, width, rows, vld)
-        mc = self._matrix(c[0], c[1], n, rows, nc, self.fac.n)
-        wmat = product(np.ascontiguousarray(zt), np.ascontiguousarray(mc), "fp32")
-        mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, "fp32")
+        self._two_products(z, zld, zs, v, vld, vs, width, rows, c, nc, "fp32")
         self.log.append(("fused", width, rows, nc))
 
     def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
@@ -201,21 +196,22 @@ class NumpyEngine:
         spec = next((k for k in self.fac.kernels if k.name == apply3.name(width)), None)
         if spec is None or apply3.shared_bytes(width, rows) > spec.shared_bytes:
             return False
-        args = (z, zld, zs, v, vld, vs, width, rows, c, nc)
+        args = (z, zld, zs, v, vld, vs, width, rows, c, nc, "tf32x3")
         if side:
-            self.held.append((self._apply, args))
+            self.held.append((self._two_products, args))
         else:
-            self._apply(*args)
+            self._two_products(*args)
         self.log.append(("apply", width, rows, nc) + (("side",) if side else ()))
         return True
 
-    def _apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
+    def _two_products(self, z, zld, zs, v, vld, vs, width, rows, c, nc, precision):
+        """W = Z^T C, then C -= V W, each product's inputs rounded as `precision` says (W an fp32 array between)."""
         n = self.fac.m * self.fac.n
         zt = self._matrix(z[0], z[1], zs, width, rows, zld)
         vt = self._matrix(v[0], v[1], vs, width, rows, vld)
         mc = self._matrix(c[0], c[1], n, rows, nc, self.fac.n)
-        wmat = product(np.ascontiguousarray(zt), np.ascontiguousarray(mc), "tf32x3")
-        mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, "tf32x3")
+        wmat = product(np.ascontiguousarray(zt), np.ascontiguousarray(mc), precision)
+        mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, precision)
 
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
               precision, via):

@@ -156,6 +156,14 @@ def test_whole_kernel_every_family(m, n, threads, slice_, loop):
     assert np.isnan(cupy.asnumpy(h)[3]).any()
 
 
+def _answers(monkeypatch, method):
+    """The answers of CudaEngine.<method> (whether its kernel took the product), appended as the calls come."""
+    answers, original = [], getattr(cuda_engine.CudaEngine, method)
+    monkeypatch.setattr(cuda_engine.CudaEngine, method,
+                        lambda self, *args: answers.append(original(self, *args)) or answers[-1])
+    return answers
+
+
 @pytest.mark.parametrize("m,n,aggregate,lookahead", [(512, 512, 128, 2), (300, 200, 64, 0), (257, 255, 64, 2)])
 def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
     """The aggregates' products as three tf32 products (the tf32x3 kernels; 257 x 255 is not 16-byte aligned and
@@ -163,10 +171,7 @@ def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
     close to the fp32 schedule's result."""
     import cupy
 
-    launched = []  # per tf32x3 product: whether a tf32x3 kernel took it
-    tf32x3_gemm = cuda_engine.CudaEngine.tf32x3_gemm
-    monkeypatch.setattr(cuda_engine.CudaEngine, "tf32x3_gemm",
-                        lambda self, *args: launched.append(tf32x3_gemm(self, *args)) or launched[-1])
+    launched = _answers(monkeypatch, "tf32x3_gemm")  # per tf32x3 product: whether a tf32x3 kernel took it
     fp32 = aggregated_schedule(m, n, 32, aggregate, "cublas", lookahead)
     split3 = dataclasses.replace(fp32, precision=Precision("fp32", "tf32x3", "tf32x3"))
     fac, ref = Factorizer(m, n, split3, SM90), Factorizer(m, n, fp32, SM90)
@@ -188,18 +193,13 @@ def test_fused_aggregate_products(m, n, aggregate, lookahead, monkeypatch):
     two-GEMM schedule's to tf32x3's accuracy."""
     import cupy
 
-    taken = []
-    apply = cuda_engine.CudaEngine.apply
-    monkeypatch.setattr(cuda_engine.CudaEngine, "apply", lambda self, *args: taken.append(apply(self, *args))
-                        or taken[-1])
+    taken = _answers(monkeypatch, "apply")
     gemm = dataclasses.replace(aggregated_schedule(m, n, 32, aggregate, "cublas", lookahead),
                                precision=Precision("fp32", "tf32x3", "tf32x3"))
     fused = dataclasses.replace(gemm, aggregate_update="fused")
     fac, ref = Factorizer(m, n, fused, SM90), Factorizer(m, n, gemm, SM90)
     assert any(k.variant == "apply3" for k in fac.kernels)
-    a, _ = mixed(m, n, 2 * len(FAMILIES), seed=9)
-    h, tau = fac(cupy.asarray(a))
-    report = check(a, h, tau)
+    report = geqrf_checked(mixed(m, n, 2 * len(FAMILIES), seed=9)[0], fac)
     assert report.ok, str(report)
     assert taken and all(taken) == (m % 4 == 0 and n % 4 == 0) and any(taken) == all(taken)
     b = cupy.asarray(stress("random", m, n, 4, seed=2))
