@@ -47,7 +47,7 @@ def takes(width: int, rows: int, target) -> bool:
 def kernels(schedule, aggs, target) -> list[KernelSpec]:
     """The kernels of a schedule whose aggregate_update is "fused": one per width it takes, launched with the
     shared memory of its most rows."""
-    if schedule.aggregate_update != "fused" or not target.has(TF32_MMA):
+    if schedule.aggregate_update != "fused":
         return []
     most: dict[int, int] = {}
     for a in aggs:
@@ -56,6 +56,14 @@ def kernels(schedule, aggs, target) -> list[KernelSpec]:
             most[width] = max(most.get(width, 0), a.rows)
     return [KernelSpec(name(w), "apply3", w, THREADS, 1, 0, 4, False, 0, shared_bytes(w, r), ())
             for w, r in sorted(most.items())]
+
+
+def launch_shared(shared_by_name: dict, width: int, rows: int) -> int | None:
+    """A launch's dynamic shared memory for an aggregate of `width` columns over `rows` rows, where the plan (its
+    kernels' shared memory by name) has the kernel for `width` and it was sized for those rows; None otherwise (the
+    engines then run the two GEMMs)."""
+    shared = shared_bytes(width, rows)
+    return shared if shared <= shared_by_name.get(name(width), -1) else None
 
 
 def signature(spec: KernelSpec) -> str:

@@ -230,15 +230,13 @@ class CudaEngine:
         kernel (timed as the stage "project"), where the plan has one for `width` whose shared memory holds `rows`
         and every pointer is 16-byte aligned and every dimension and stride a multiple of 4 floats; False (nothing
         launched) otherwise."""
-        name = apply3.name(width)
-        shared = apply3.shared_bytes(width, rows)
-        ptr = self.ptrs
-        ptrs = [ptr[x[0]] + 4 * x[1] for x in (z, v, c)]
-        if (name not in self.funcs or shared > self.fac.shared_bytes[name] or any(p % 16 for p in ptrs)
+        shared = apply3.launch_shared(self.fac.shared_bytes, width, rows)
+        ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (z, v, c)]
+        if (shared is None or any(p % 16 for p in ptrs)
                 or any(x % 4 for x in (zld, zs, vld, vs, self.fac.n, rows, nc))):
             return False
         stop = self._mark("project", None)
-        _, func = self.funcs[name]
+        _, func = self.funcs[apply3.name(width)]
         self.launch(func, (-(-nc // apply3.BN), self.nb, 1), apply3.THREADS, shared, apply3.SIGNATURE,
                     (ptrs[0], zld, zs, ptrs[1], vld, vs, ptrs[2], self.fac.n, self.fac.m * self.fac.n, rows, nc),
                     self.streams.side.ptr if side and self.streams is not None else None)

@@ -193,8 +193,7 @@ class NumpyEngine:
     def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
         """The apply3 kernel where the plan has one for `width` whose shared memory holds `rows`: W = Z^T C, then
         C -= V W, both in tf32x3 (W rounded to fp32 between); False otherwise, as the CUDA engine answers."""
-        spec = next((k for k in self.fac.kernels if k.name == apply3.name(width)), None)
-        if spec is None or apply3.shared_bytes(width, rows) > spec.shared_bytes:
+        if apply3.launch_shared({k.name: k.shared_bytes for k in self.fac.kernels}, width, rows) is None:
             return False
         args = (z, zld, zs, v, vld, vs, width, rows, c, nc, "tf32x3")
         if side:
