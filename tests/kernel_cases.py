@@ -59,4 +59,10 @@ LANES_SCHEDULES = [
     lanes_schedule(10, 100, 32, 8, blocks=2),  # a wide matrix: one warp in each of two blocks
     lanes_schedule(48, 80, 16, 48),  # one warp and one block: columns unrolled, each panel with columns right of it
     lanes_schedule(2048, 96, 32, 16, aggregate=64, blocks=16),  # a non-portable cluster of 16 blocks
+    # up to 64 columns on one warp, two a lane (LanesWide), as the matrix's last panel: the whole matrix, at the
+    # register edge the planner admits (71 rows), with fewer columns than a chunk's multiple, and after a panel
+    Schedule(64, 64, (Panel(64, "lanes", 32),)),
+    Schedule(71, 64, (Panel(64, "lanes", 32),)),
+    Schedule(48, 37, (Panel(37, "lanes", 32),)),
+    Schedule(96, 96, (lanes_panel(96, 32), Panel(64, "lanes", 32))),
 ]

@@ -3,6 +3,7 @@
 A panel family (warp, rows, lanes, cols, tsqr, whole) defines:
   VARIANT, LOOP (whether Panel.loop applies), REG_OVERHEAD, VT_ONLY (whether its kernel can write V^T alone),
   check(panel)                       the Panel fields it accepts (ValueError naming the field),
+  check_plan(schedule, index, trail) (optional) what it needs of its place in the schedule (trail: it writes V^T),
   slots(panel, rows)                 rows each thread holds,
   registers(panel, rows)             estimated registers per thread,
   shared_bytes(panel, rows, trail, m, n)  dynamic plus static shared memory a block needs (resources; trail: it

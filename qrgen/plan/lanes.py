@@ -1,6 +1,8 @@
 """Panel family "lanes": one block per matrix (or, with cluster=True, 2 or more blocks of one cluster sharing the
 rows); lane c of every warp owns column c, the warps own consecutive row ranges (templates/cuda/panel_lanes.cuh).
-The loop over columns is not unrolled, except on one warp (threads=32, blocks=1), where every row is a constant."""
+The loop over columns is not unrolled, except on one warp (threads=32, blocks=1), where every row is a constant.
+On one warp a panel may be up to 64 columns wide where it is its matrix's last: lane c owns columns c and 32 + c
+(templates/cuda/panel_lanes_wide.cuh)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,6 +17,7 @@ VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = False
 CLUSTER = True
 REG_OVERHEAD = 24
+WIDE_MAX = 64  # columns of a lanes panel on one warp, two a lane (templates/cuda/panel_lanes_wide.cuh)
 
 
 def check(panel) -> None:
@@ -24,21 +27,40 @@ def check(panel) -> None:
     if panel.blocks != 1 and not panel.cluster:
         raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 or more blocks with cluster=True; got "
                          f"blocks={panel.blocks!r} with cluster={panel.cluster!r}")
-    family.check_narrow(panel)
+    if panel.width > WIDE_MAX or (panel.width > 32 and (panel.threads != 32 or panel.blocks != 1)):
+        raise ValueError(f"Panel.width must be at most 32 for variant 'lanes', or up to {WIDE_MAX} on one warp "
+                         f"(threads=32, blocks=1); got width {panel.width} on {panel.threads} threads x "
+                         f"{panel.blocks} block(s)")
     family.check_no(panel, "tile", "slice")
+
+
+def check_plan(schedule, index: int, trail: bool) -> None:
+    """A lanes panel past 32 columns (two columns a lane) writes no V^T or T: it must be its matrix's last, with no
+    columns right of it and no reflectors kept for Q."""
+    panel = schedule.panels[index]
+    if panel.width > 32 and trail:
+        raise ValueError(f"Schedule.panels[{index}] (lanes, width {panel.width}): a lanes panel past 32 columns must "
+                         f"be the last, with no columns right of it and no reflectors kept for Q")
 
 
 def slots(panel, rows: int) -> int:
     return math.ceil(rows / (panel.blocks * panel.threads // 32))
 
 
+WIDE_OVERHEAD = 40  # LanesWide's registers beside its three arrays, from ptxas reports (tests/compile: the most rows
+# it admits compile without spills)
+
+
 def registers(panel, rows: int) -> int:
-    # the column's entries, the broadcast column j, the product (V T)^T: three arrays
-    return 3 * slots(panel, rows) + REG_OVERHEAD
+    # the column's entries, the broadcast column j, the product (V T)^T: three arrays (wide: two columns and the
+    # broadcast one)
+    return 3 * slots(panel, rows) + (WIDE_OVERHEAD if panel.width > 32 else REG_OVERHEAD)
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
     warps, w = panel.threads // 32, panel.width
+    if w > 32:
+        return 0  # LanesWide: registers and shuffles only
     return 4 * (2 * warps * 32 + 64 + 2 * w * (w + 1) + w + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
 
 
@@ -72,7 +94,7 @@ def fused_q_kernel(kernels, launches):
     """For a schedule of one lanes panel on one block with nothing right of it (m >= n, n <= 32): the same kernel
     writing Q (m x n) and R (n x n) of qr's reduced mode in one launch, from G, T and V in registers and shared
     memory, instead of geqrf's h and tau followed by Q's blocked products. None for other schedules."""
-    if len(launches) != 1 or launches[0].nc or launches[0].cluster:
+    if len(launches) != 1 or launches[0].nc or launches[0].cluster or launches[0].width > 32:
         return None
     (kernel,) = [k for k in kernels if k.name == launches[0].kernel]
     if kernel.variant != VARIANT:

@@ -62,7 +62,11 @@ def check(schedule, target: Target) -> None:
     elif schedule.aggregate > tmat.max_reflectors(target):
         raise ValueError(f"Schedule.aggregate is {schedule.aggregate} columns; the T kernel takes at most "
                          f"{tmat.max_reflectors(target)} on {target.arch} (its shared memory)")
+    aggs = aggregates(schedule)
     for index, panel in enumerate(schedule.panels):
+        plan_check = getattr(panel_family(panel.variant), "check_plan", None)
+        if plan_check is not None:
+            plan_check(schedule, index, panel_outputs(schedule, index, aggs).trail)
         res = resources(schedule, index, target)
         if res.registers > res.register_cap:
             raise ValueError(
@@ -98,6 +102,8 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                              "no keep plan")
         out = panel_outputs(schedule, index, aggs, keep)
         agg, nc, trail = out.agg, out.nc, out.trail
+        if hasattr(fam, "check_plan"):
+            fam.check_plan(schedule, index, trail)
         if agg is None:
             v_row, v_ld, v_bs = 0, rows, panel.width * rows
         else:  # in its aggregate's V^T, whose merged form begins at the aggregate's end (or with reach the next one's)

@@ -36,6 +36,7 @@ REACH_MAX_BATCH = 4  # Schedule.reach for lookahead schedules of at most this ma
 WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs/decisions.md#whole-default) ...
 WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
 WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
+WIDE_LANES_ROWS = 64  # one lanes panel on one warp for 32 < n <= m up to this many rows (docs/decisions.md#lanes-wide)
 COLS_FROM = 128  # the factorization in one cols panel (one block a matrix) from this many columns ...
 COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs: docs/decisions.md#cols-default)
 COLS_SLICE = 8
@@ -162,6 +163,14 @@ def default_whole(problem: Problem) -> Panel | None:
     return Panel(problem.k, "whole", threads, slice=slice_)
 
 
+def default_wide_lanes(problem: Problem) -> Panel | None:
+    """The default's one lanes panel of 33 to 64 columns on one warp (two columns a lane) for 32 < n <= m <=
+    WIDE_LANES_ROWS, any batch; or None."""
+    if not 32 < problem.n <= problem.m <= WIDE_LANES_ROWS:
+        return None
+    return Panel(problem.n, "lanes", 32)
+
+
 def _cols_shapes(problem: Problem) -> tuple[tuple[int, int], ...]:
     """(slice, blocks) of the default's cols panels in order of preference: a cluster of two blocks with 4 columns a
     warp for at most COLS_CLUSTER_MAX_BATCH matrices, then one block with 8."""
@@ -220,7 +229,7 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
 def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
     if target.record.heuristic:  # a backend with its own (Metal: schedule/apple.py)
         return importlib.import_module(target.record.heuristic).default_schedule(problem, target)
-    one = default_whole(problem) or default_cols(problem, target)
+    one = default_wide_lanes(problem) or default_whole(problem) or default_cols(problem, target)
     if one is not None:
         return Schedule(problem.m, problem.n, (one,))
     aggregated = default_cols_aggregates(problem, target)

@@ -22,6 +22,7 @@ from ..schedule.heuristic import (
     default_reach,
     default_tsqr,
     default_whole,
+    default_wide_lanes,
 )
 from ..schedule.model import (
     LOOP_VARIANTS,
@@ -49,7 +50,7 @@ MAX_CLUSTER = 16  # the most blocks per cluster the space tries (sm_90's non-por
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 
 
-LANES_WIDTHS = (8, 16, 32)
+LANES_WIDTHS = (8, 16, 32, 64)  # past 32: one warp, two columns a lane, as the matrix's last panel (plan/lanes.py)
 
 
 CLUSTER_TRIALS_MAX_BATCH = 16  # early cluster trials while 8-block clusters of every matrix fit on the 132 SMs
@@ -130,11 +131,14 @@ DEFAULT_PARAMS = {"family": "rows", "head_share": 1.0, "rows_head": "auto", "clu
 def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
     clustered=False: the heuristic without clusters (and without one kernel a matrix: default_whole, default_cols)."""
+    base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster", "loop")}  # (cols: no loop)
+    if clustered and default_wide_lanes(problem) is not None:
+        return {**{k: v for k, v in base.items() if k != "panel_update"}, "family": "lanes",
+                "lanes_head": LANES_WIDTHS[-1], "lane_slots": "auto", "lanes_cluster": 0, "loop": False}
     whole = default_whole(problem) if clustered else None
     if whole is not None:
         return _whole_params(whole.threads, whole.slice)
     cols = default_cols(problem) if clustered else None
-    base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster", "loop")}  # (cols: no loop)
     if cols is not None:
         return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice,
                 "cols_cluster": cols.blocks if cols.cluster else 0}
@@ -193,6 +197,8 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
         elif family == "rows":
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
+        elif family == "lanes" and min(params[f"lanes_{phase}"], remaining) > 32:  # one warp, two columns a lane
+            panel = Panel(min(params[f"lanes_{phase}"], remaining), "lanes", 32)  # (on no cluster: lanes_cluster)
         elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
             width = min(params[f"lanes_{phase}"], remaining)
             blocks = params.get("lanes_cluster", 0) or 1
@@ -254,9 +260,11 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         params["lookahead"] = trial.suggest_categorical("lookahead", LOOKAHEADS)
         if params["lookahead"]:
             params["reach"] = trial.suggest_categorical("reach", REACHES)
-    # panels wider than 32 columns take no other panel update: cols panels that all are wider do not sample it
+    # panels wider than 32 columns take no other panel update: cols panels that all are wider do not sample it, nor
+    # do wide lanes panels (one a matrix: no products; the schedule's default, "cublas")
     wide = params["family"] == "cols" and all(params[f"cols_{phase}"] != 32 for phase in phases)
-    params["panel_update"] = "cublas" if wide else trial.suggest_categorical("panel_update", PANEL_UPDATES)
+    if not (params["family"] == "lanes" and all(params[f"lanes_{phase}"] > 32 for phase in phases)):
+        params["panel_update"] = "cublas" if wide else trial.suggest_categorical("panel_update", PANEL_UPDATES)
     for stage in ("gram", "project", "update"):
         params[stage] = trial.suggest_categorical(stage, PRECISIONS if stage == "gram" else PRODUCT_PRECISIONS)
     return params
@@ -270,7 +278,8 @@ def variations(problem: Problem) -> list[dict]:
     """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
     sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
     reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
-    20, tuning margin 10). Where the default is one kernel a matrix (whole, cols), the default without it. For up to
+    20, tuning margin 10). Where the default is one kernel a matrix (whole, cols, a wide lanes panel), the default without
+    it. For up to
     16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and precisions), then
     clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows per warp; for up to
     WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default has clusters, the default without
@@ -278,7 +287,8 @@ def variations(problem: Problem) -> list[dict]:
     its lookahead, the other reach)."""
     params = default_params(problem)
     found = []
-    if params["family"] in ("whole", "cols"):  # the default without its one kernel a matrix (and the other whole ones)
+    one_kernel = params["family"] in ("whole", "cols") or params.get("lanes_head", 0) > 32
+    if one_kernel:  # the default without its one kernel a matrix (and the other whole ones)
         found.append(default_params(problem, clustered=False))
     if problem.k <= 128:
         found += [_whole_params(t, s) for t, s in WHOLE_VARIATIONS
@@ -288,7 +298,7 @@ def variations(problem: Problem) -> list[dict]:
         found.append({**params, "project": other, "update": other})
     if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
         shared = ("aggregate", "panel_update", *STAGES) + (("lookahead",) if "lookahead" in params else ())
-        rows = {**DEFAULT_PARAMS, **{key: params[key] for key in shared}}
+        rows = {**DEFAULT_PARAMS, **{key: params[key] for key in shared if key in params}}
         found += [{**rows, "cluster": c, "cluster_slots": CLUSTER_SLOTS} for c in (8, 4) if c != params.get("cluster")]
         found += [{**rows, "cluster": 8, "cluster_slots": slots} for slots in CLUSTER_SLOTS_CHOICES
                   if slots != CLUSTER_SLOTS]

@@ -6,6 +6,7 @@ import json
 import re
 
 import jinja2
+import numpy as np
 import pytest
 
 from kernel_cases import LANES_SCHEDULES
@@ -58,9 +59,9 @@ def test_vector_width_follows_alignment():
     """The panel kernels' loads (the fused products choose 16 or 4 bytes at run time)."""
     kernels = plan(default_schedule(Problem(33, 33, 640))).kernels
     assert {k.vec for k in kernels if k.variant != "fused"} == {1}
-    kernels = plan(default_schedule(Problem(64, 64, 640))).kernels
-    assert {k.vec for k in kernels if k.variant not in ("fused", "lanes")} == {4}  # (the last 32 rows: one-warp lanes)
-    kernels = plan(default_schedule(Problem(64, 64, 4))).kernels
+    kernels = plan(default_schedule(Problem(96, 64, 640))).kernels
+    assert {k.vec for k in kernels if k.variant != "fused"} == {4}
+    kernels = plan(default_schedule(Problem(96, 64, 4))).kernels
     panels = [k for k in kernels if k.variant != "fused"]
     assert {k.variant for k in panels} == {"lanes"} and {k.vec for k in panels} == {1}  # one float per lane
 
@@ -189,6 +190,39 @@ def test_lanes_panels_on_clusters():
     # more blocks than a cluster of the target may have: refused for the target, naming its most
     with pytest.raises(ValueError, match="at most 16"):
         check(Schedule(4096, 32, (Panel(32, "lanes", 512, 17, cluster=True),)), SM90)
+
+
+def test_wide_lanes_panels():
+    """A lanes panel of 33 to 64 columns: on one warp only, as its matrix's last panel (no V^T, no keep plan, no fused
+    Q), with no shared memory; the default for 32 < n <= m <= 64 at any batch, and its result the reference's on the
+    CPU engine."""
+    from qrgen.run import numpy_engine
+    from qrgen.numerics import reference
+    from qrgen.numerics.stress import mixed
+
+    wide = Schedule(64, 64, (Panel(64, "lanes", 32),))
+    p = plan(wide)
+    (k,) = p.kernels
+    assert (k.name, k.slots, k.trail) == ("qr_lanes_w64_t32_s64", 64, False) and p.launches[0].shared_bytes == 0
+    assert "panel_lanes_wide<64, 64, 64, 64, 64>(src, h, tau, c0, mp);" in render(k, wide, SM90).source
+    for bad, words in [(lambda: Panel(64, "lanes", 64), "up to 64 on one warp"),
+                       (lambda: Panel(65, "lanes", 32), "up to 64 on one warp"),
+                       (lambda: Panel(40, "lanes", 32, 2, cluster=True), "up to 64 on one warp"),
+                       (lambda: check(Schedule(64, 96, (Panel(64, "lanes", 32),)), SM90), "must be the last"),
+                       (lambda: check(Schedule(72, 64, (Panel(64, "lanes", 32),)), SM90), "registers"),
+                       (lambda: plan(wide, keep=True), "no reflectors kept for Q")]:
+        with pytest.raises(ValueError, match=words):
+            bad()
+    for batch, m, n in [(1, 33, 33), (10, 64, 40), (1000, 64, 64), (5000, 48, 48)]:
+        assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32),)
+    for batch, m, n in [(1000, 65, 64), (1000, 64, 32), (10, 40, 64)]:
+        assert all(p.width <= 32 or p.variant != "lanes" for p in default_schedule(Problem(m, n, batch)).panels)
+    after = LANES_SCHEDULES[-1]  # a wide panel at column 32, after a 32-wide one
+    assert [p.width for p in after.panels] == [32, 64] and plan(after).launches[1].c0 == 32
+    a, _ = mixed(96, 96, 6, seed=5)
+    h, tau, _ = numpy_engine.geqrf(a, after)
+    hr, tr = reference.geqrf(a, after, dtype=np.float32)
+    assert np.abs(h - hr).max() <= 1e-4 * np.abs(a).max() and np.abs(tau - tr).max() <= 1e-4
 
 
 @pytest.mark.parametrize("m,n,batch,fused_q", [(32, 32, 20, True), (100, 20, 3, True), (40, 1, 2, True),

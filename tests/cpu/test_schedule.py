@@ -181,7 +181,7 @@ def test_find_in_fp32_keeps_the_panels():
 
 
 @pytest.mark.parametrize("m,n,direct", [(10, 100, False), (32, 200, False), (1, 64, False), (32, 32, True),
-                                        (100, 8, True), (64, 64, False)])
+                                        (100, 8, True), (64, 64, True), (96, 64, False)])
 def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n, direct):
     """A one-panel schedule may read the caller's array in place of a copy into h, but only if no columns lie
     right of the panel (a wide matrix's trailing columns must be in h before the panel's update)."""

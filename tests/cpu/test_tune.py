@@ -30,17 +30,19 @@ def test_default_params_give_the_default_schedule(m, n, batch):
     assert schedule_from_params(problem, default_params(problem)) == default_schedule(problem)
 
 
-@pytest.mark.parametrize("m,n,batch", [(48, 48, 4000), (64, 32, 2000), (64, 64, 1000), (64, 64, 999), (33, 33, 5000)])
-def test_default_params_give_the_default_whole_schedule(m, n, batch):
-    """Many small matrices take a whole kernel by default (schedule.heuristic.default_whole); the tuner's first
+@pytest.mark.parametrize("m,n,batch,one", [(48, 48, 4000, "lanes"), (64, 32, 2000, "whole"), (64, 64, 1000, "lanes"),
+                                           (64, 64, 999, "lanes"), (33, 33, 5000, "lanes"), (64, 40, 3, "lanes")])
+def test_default_params_give_the_default_one_kernel_schedule(m, n, batch, one):
+    """Small matrices take one kernel a matrix by default: a wide lanes panel for 32 < n <= m <= 64
+    (schedule.heuristic.default_wide_lanes), a whole kernel for many of n = 32 (default_whole); the tuner's first
     trial is the same point, and the default without it is among its early variations."""
     problem = Problem(m, n, batch)
     params = default_params(problem)
-    assert schedule_from_params(problem, params) == default_schedule(problem)
-    whole = default_schedule(problem).panels[0].variant == "whole"
-    assert whole == (batch >= 1000)
-    if whole:
-        assert default_params(problem, clustered=False) in variations(problem)
+    schedule = default_schedule(problem)
+    assert schedule_from_params(problem, params) == schedule
+    (panel,) = schedule.panels
+    assert (panel.variant, panel.width) == (one, n)
+    assert default_params(problem, clustered=False) in variations(problem)
 
 
 @pytest.mark.parametrize("m,n,batch", [(176, 176, 40), (128, 128, 1), (192, 160, 132), (176, 176, 133), (127, 127, 40),

@@ -15,7 +15,7 @@ from qrgen.schedule.files import find
 
 pytestmark = pytest.mark.gpu
 
-# whole (one kernel a matrix), lanes (one block), rows with aggregates, tsqr, rows on clusters
+# a wide lanes panel (one warp a matrix), lanes (one block), rows with aggregates, tsqr, rows on clusters
 CASES = [(2 * len(FAMILIES), 64, 64), (len(FAMILIES), 176, 176), (len(FAMILIES), 1024, 1024),
          (1, 20000, 100), (1, 8192, 512), (len(FAMILIES), 300, 200)]
 

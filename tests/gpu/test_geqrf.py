@@ -98,13 +98,16 @@ def test_batches_mixed(batch):
     assert result.ok, f"batch {batch}: {result}"
 
 
-@pytest.mark.parametrize("batch,m,n", [(1000, 48, 48), (1200, 64, 64), (1000, 64, 32)])
-def test_default_whole_mixed_batch(batch, m, n):
-    """The default for many small matrices (schedule.heuristic.default_whole) on a batch of every stress family."""
+@pytest.mark.parametrize("batch,m,n,variant", [(1000, 48, 48, "lanes"), (1200, 64, 64, "lanes"), (7, 64, 40, "lanes"),
+                                               (1000, 64, 32, "whole")])
+def test_default_one_kernel_mixed_batch(batch, m, n, variant):
+    """The defaults of one kernel a matrix for small ones (schedule.heuristic.default_wide_lanes, default_whole) on a
+    batch of every stress family."""
     from qrgen.problem import Problem
-    from qrgen.schedule.heuristic import default_whole
+    from qrgen.schedule.heuristic import default_schedule
 
-    assert default_whole(Problem(m, n, batch)) is not None
+    (panel,) = default_schedule(Problem(m, n, batch)).panels
+    assert panel.variant == variant
     a, labels = mixed(m, n, batch, seed=batch)
     result = geqrf_checked(a)
     assert result.ok, f"{batch} x {m}x{n}: {result}"

@@ -23,14 +23,15 @@ SM90 = Target("cuda", "sm_90")
 
 
 @pytest.mark.parametrize("batch,m,n", [(20000, 32, 32), (20, 32, 32), (40, 176, 176), (40, 352, 352), (6, 300, 120),
-                                       (1000, 48, 48), (2000, 64, 32),  # whole kernels (heuristic.default_whole)
+                                       (1000, 48, 48), (2000, 64, 32),  # a wide lanes kernel, a whole one
                                        pytest.param(640, 512, 512, marks=pytest.mark.slow),
                                        pytest.param(60, 1024, 1024, marks=pytest.mark.slow),
                                        pytest.param(8, 2048, 2048, marks=pytest.mark.slow),
                                        pytest.param(2, 4096, 4096, marks=pytest.mark.slow)])
 def test_qr_reduced_and_lstsq_every_family(batch, m, n):
     """The Q issue's acceptance: qr (reduced) and lstsq on the seven reference batches and 20,000 x 32²; also two
-    shapes whose default is a whole kernel (no keep plan: Q from h and tau)."""
+    shapes whose default is one kernel a matrix, a wide lanes panel and a whole kernel (no keep plan: Q from h and
+    tau)."""
     import cupy
 
     checked = min(batch, 64 if m * n <= 1 << 18 else 2)  # the float64 gates run on the host
