@@ -65,4 +65,8 @@ LANES_SCHEDULES = [
     Schedule(71, 64, (Panel(64, "lanes", 32),)),
     Schedule(48, 37, (Panel(37, "lanes", 32),)),
     Schedule(96, 96, (lanes_panel(96, 32), Panel(64, "lanes", 32))),
+    # up to 128 columns on a warp for each 32 (LanesBlock): 128², columns not filling the last warp, after a panel
+    Schedule(128, 128, (Panel(128, "lanes", 128),)),
+    Schedule(96, 70, (Panel(70, "lanes", 96),)),
+    Schedule(160, 160, (lanes_panel(160, 32), Panel(128, "lanes", 128))),
 ]

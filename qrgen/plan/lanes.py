@@ -1,8 +1,9 @@
 """Panel family "lanes": one block per matrix (or, with cluster=True, 2 or more blocks of one cluster sharing the
 rows); lane c of every warp owns column c, the warps own consecutive row ranges (templates/cuda/panel_lanes.cuh).
 The loop over columns is not unrolled, except on one warp (threads=32, blocks=1), where every row is a constant.
-On one warp a panel may be up to 64 columns wide where it is its matrix's last: lane c owns columns c and 32 + c
-(templates/cuda/panel_lanes_wide.cuh)."""
+A lanes panel that is its matrix's last may be wider (templates/cuda/panel_lanes_wide.cuh): up to 64 columns on
+one warp, lane c owning columns c and 32 + c, or up to 128 on a warp for each 32 columns, lane c of warp w owning
+column 32w + c; either way a lane holds every row of its columns."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,8 @@ VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = False
 CLUSTER = True
 REG_OVERHEAD = 24
-WIDE_MAX = 64  # columns of a lanes panel on one warp, two a lane (templates/cuda/panel_lanes_wide.cuh)
+WIDE_MAX = 64  # columns of a lanes panel on one warp, two a lane (templates/cuda/panel_lanes_wide.cuh) ...
+BLOCK_MAX = 128  # ... and on a block of a warp for each 32 columns, one a lane (there too)
 
 
 def check(panel) -> None:
@@ -27,26 +29,37 @@ def check(panel) -> None:
     if panel.blocks != 1 and not panel.cluster:
         raise ValueError(f"Panel variant 'lanes' takes blocks=1, or 2 or more blocks with cluster=True; got "
                          f"blocks={panel.blocks!r} with cluster={panel.cluster!r}")
-    if panel.width > WIDE_MAX or (panel.width > 32 and (panel.threads != 32 or panel.blocks != 1)):
+    wide = panel.width > 32 and panel.blocks == 1 and (
+        (panel.threads == 32 and panel.width <= WIDE_MAX)
+        or (panel.threads == 32 * math.ceil(panel.width / 32) and panel.width <= BLOCK_MAX))
+    if panel.width > 32 and not wide:
         raise ValueError(f"Panel.width must be at most 32 for variant 'lanes', or up to {WIDE_MAX} on one warp "
-                         f"(threads=32, blocks=1); got width {panel.width} on {panel.threads} threads x "
+                         f"(threads=32), or up to {BLOCK_MAX} on a warp for each 32 columns (threads = 32 x "
+                         f"ceil(width / 32)), on one block; got width {panel.width} on {panel.threads} threads x "
                          f"{panel.blocks} block(s)")
     family.check_no(panel, "tile", "slice")
 
 
 def check_plan(schedule, index: int, trail: bool) -> None:
-    """A lanes panel past 32 columns (two columns a lane) writes no V^T or T: it must be its matrix's last, with no
-    columns right of it and no reflectors kept for Q."""
+    """A lanes panel past 32 columns writes no V^T or T: it must be its matrix's last, with no columns right of it
+    and no reflectors kept for Q; with a warp for each 32 columns, of at most BLOCK_MAX rows."""
     panel = schedule.panels[index]
     if panel.width > 32 and trail:
         raise ValueError(f"Schedule.panels[{index}] (lanes, width {panel.width}): a lanes panel past 32 columns must "
                          f"be the last, with no columns right of it and no reflectors kept for Q")
+    rows = schedule.m - schedule.starts()[index]
+    if panel.width > 32 and panel.threads > 32 and rows > BLOCK_MAX:
+        raise ValueError(f"Schedule.panels[{index}] (lanes, width {panel.width} on {panel.threads} threads): a lanes "
+                         f"panel with a warp for each 32 columns takes at most {BLOCK_MAX} rows, got {rows}")
 
 
 def slots(panel, rows: int) -> int:
+    if panel.width > 32:  # a lane holds every row of its columns
+        return rows
     return math.ceil(rows / (panel.blocks * panel.threads // 32))
 
 
+BLOCK_OVERHEAD = 90  # LanesBlock's registers beside its column, from ptxas reports at BLOCK_MAX rows
 WIDE_OVERHEAD = 40  # LanesWide's registers beside its three arrays, from ptxas reports (tests/compile: the most rows
 # it admits compile without spills)
 
@@ -54,13 +67,15 @@ WIDE_OVERHEAD = 40  # LanesWide's registers beside its three arrays, from ptxas 
 def registers(panel, rows: int) -> int:
     # the column's entries, the broadcast column j, the product (V T)^T: three arrays (wide: two columns and the
     # broadcast one)
+    if panel.width > 32 and panel.threads > 32:  # its column, the tail read from shared memory as it is used
+        return slots(panel, rows) + BLOCK_OVERHEAD
     return 3 * slots(panel, rows) + (WIDE_OVERHEAD if panel.width > 32 else REG_OVERHEAD)
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
     warps, w = panel.threads // 32, panel.width
-    if w > 32:
-        return 0  # LanesWide: registers and shuffles only
+    if w > 32:  # LanesWide: registers and shuffles only; LanesBlock: the tail by parity, sigma and the pivot
+        return 0 if panel.threads == 32 else 4 * (2 * math.ceil(rows / 4) * 4 + 4)
     return 4 * (2 * warps * 32 + 64 + 2 * w * (w + 1) + w + (64 * (panel.blocks + 1) + 4 if panel.cluster else 1))
 
 

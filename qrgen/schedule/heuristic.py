@@ -37,6 +37,7 @@ WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs
 WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
 WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
 WIDE_LANES_ROWS = 64  # one lanes panel on one warp for 32 < n <= m up to this many rows (docs/decisions.md#lanes-wide)
+BLOCK_LANES_ROWS = 128  # ... on a warp for each 32 columns for n <= m up to this many, past COLS_MAX_BATCH matrices
 COLS_FROM = 128  # the factorization in one cols panel (one block a matrix) from this many columns ...
 COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs: docs/decisions.md#cols-default)
 COLS_SLICE = 8
@@ -164,11 +165,15 @@ def default_whole(problem: Problem) -> Panel | None:
 
 
 def default_wide_lanes(problem: Problem) -> Panel | None:
-    """The default's one lanes panel of 33 to 64 columns on one warp (two columns a lane) for 32 < n <= m <=
-    WIDE_LANES_ROWS, any batch; or None."""
-    if not 32 < problem.n <= problem.m <= WIDE_LANES_ROWS:
-        return None
-    return Panel(problem.n, "lanes", 32)
+    """The default's one lanes panel over all n columns (docs/decisions.md#lanes-wide): on one warp (two columns a
+    lane) for 32 < n <= m <= WIDE_LANES_ROWS, any batch; on a warp for each 32 columns for WIDE_LANES_ROWS < n <= m <=
+    BLOCK_LANES_ROWS past COLS_MAX_BATCH matrices (fewer take cols panels, default_cols, or panels); or None."""
+    n, m = problem.n, problem.m
+    if 32 < n <= m <= WIDE_LANES_ROWS:
+        return Panel(n, "lanes", 32)
+    if WIDE_LANES_ROWS < n <= m <= BLOCK_LANES_ROWS and problem.batch > COLS_MAX_BATCH:
+        return Panel(n, "lanes", 32 * math.ceil(n / 32))
+    return None
 
 
 def _cols_shapes(problem: Problem) -> tuple[tuple[int, int], ...]:

@@ -50,7 +50,8 @@ MAX_CLUSTER = 16  # the most blocks per cluster the space tries (sm_90's non-por
 ROWS_WIDTHS = ("auto", 8, 16, 32)
 
 
-LANES_WIDTHS = (8, 16, 32, 64)  # past 32: one warp, two columns a lane, as the matrix's last panel (plan/lanes.py)
+# past 32 the matrix's last panel (plan/lanes.py): up to 64 on one warp, two columns a lane, past 64 a warp for each 32
+LANES_WIDTHS = (8, 16, 32, 64, 128)
 
 
 CLUSTER_TRIALS_MAX_BATCH = 16  # early cluster trials while 8-block clusters of every matrix fit on the 132 SMs
@@ -132,9 +133,11 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
     clustered=False: the heuristic without clusters (and without one kernel a matrix: default_whole, default_cols)."""
     base = {k: v for k, v in DEFAULT_PARAMS.items() if k not in ("rows_head", "cluster", "loop")}  # (cols: no loop)
-    if clustered and default_wide_lanes(problem) is not None:
+    wide = default_wide_lanes(problem) if clustered else None
+    if wide is not None:
         return {**{k: v for k, v in base.items() if k != "panel_update"}, "family": "lanes",
-                "lanes_head": LANES_WIDTHS[-1], "lane_slots": "auto", "lanes_cluster": 0, "loop": False}
+                "lanes_head": 64 if wide.threads == 32 else 128, "lane_slots": "auto", "lanes_cluster": 0,
+                "loop": False}
     whole = default_whole(problem) if clustered else None
     if whole is not None:
         return _whole_params(whole.threads, whole.slice)
@@ -197,8 +200,9 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
         elif family == "rows":
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
-        elif family == "lanes" and min(params[f"lanes_{phase}"], remaining) > 32:  # one warp, two columns a lane
-            panel = Panel(min(params[f"lanes_{phase}"], remaining), "lanes", 32)  # (on no cluster: lanes_cluster)
+        elif family == "lanes" and min(params[f"lanes_{phase}"], remaining) > 32:  # (on no cluster: lanes_cluster)
+            width = min(params[f"lanes_{phase}"], remaining)
+            panel = Panel(width, "lanes", 32 if width <= 64 else 32 * math.ceil(width / 32))
         elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
             width = min(params[f"lanes_{phase}"], remaining)
             blocks = params.get("lanes_cluster", 0) or 1

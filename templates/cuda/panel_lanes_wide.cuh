@@ -102,3 +102,133 @@ __device__ __forceinline__ void panel_lanes_wide(const float* __restrict__ src, 
   LanesWide<M, N, K, SLOTS, NB> panel{c0, mp, (int)threadIdx.x, (int)blockIdx.x};
   panel.run(src, h, tau);
 }
+
+// A lanes panel of 33 to 128 columns on a block of WARPS = ceil(NB / 32) warps, the last panel of its matrix (as
+// LanesWide): lane c of warp w owns column 32w + c, every row of it in registers. Column j: the warp holding it (PW)
+// forms every lane's squared norm below row j (lane j's is sigma) and the pivot lane writes its tail, sigma and the
+// pivot to shared memory (by parity of the column); after one barrier every warp reads them, builds the same
+// reflector and updates its own columns, reading the tail again for the update (held, it would double the
+// registers). A warp whose columns are all done keeps passing the barriers and does nothing else. The loop over
+// columns is rolled, one copy of a column's code for each chunk of CH rows, as in LanesWide.
+template <int M, int N, int K, int SLOTS, int NB, int WARPS>
+struct LanesBlock {
+  static constexpr int CH = 8;  // rows a chunk; divides 32, so a chunk's columns share their pivot warp
+  static constexpr int VP = cdiv(SLOTS, 4) * 4;  // the tail buffer, in whole float4s
+  static constexpr int HOIST = 16;  // rows of the tail the compiler may load ahead (its registers beside x)
+  static_assert(NB > 32 && NB <= 32 * WARPS && NB > 32 * (WARPS - 1) && SLOTS >= NB,
+                "a block lanes panel has one warp for each 32 of its columns, at most its rows");
+  struct Shared {
+    alignas(16) float v[2][VP];
+    float sa[2][2];  // sigma and the pivot
+  };
+  Shared& sm;
+  int c0, mp, lane, warp, b;
+  float x[SLOTS];
+  float own = 1.0f, tauv = 0.0f;
+
+  template <int QJ>
+  __device__ __forceinline__ void column(const int j) {
+    constexpr int S0 = QJ * CH, JC1 = (QJ + 1) * CH, PW = S0 / 32;
+    const int par = j & 1;
+    float* vb = sm.v[par];
+    if (warp == PW) {
+      float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float alpha = 0.0f;
+#pragma unroll
+      for (int s = S0; s < SLOTS; ++s) {
+        const float y = (s >= JC1 || s > j) ? x[s] : 0.0f;
+        q[s & 3] = fmaf(y, y, q[s & 3]);
+        if (s < JC1) alpha = s == j ? x[s] : alpha;
+      }
+      if (lane == (j & 31)) {
+#pragma unroll
+        for (int s = S0 - S0 % 4; s < VP; s += 4) {
+          float t[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = s + e;
+            t[e] = r >= SLOTS || r < S0 ? 0.0f : ((r >= JC1 || r > j) ? x[r] : 0.0f);
+          }
+          store_vec<4>(vb + s, t);
+        }
+        sm.sa[par][0] = (q[0] + q[1]) + (q[2] + q[3]);
+        sm.sa[par][1] = alpha;
+      }
+    }
+    block_barrier();
+    if (warp < PW) return;  // its columns are done
+    const Reflector f = make_reflector<true>(sm.sa[par][1], sm.sa[par][0]);
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float pv = 0.0f;
+#pragma unroll
+    for (int s = S0 - S0 % 4; s < VP; s += 4) {
+      if (s % HOIST == 0) warp_barrier();  // no load of the tail hoisted more than HOIST rows ahead of its use
+      float t[4];
+      load_vec<4>(t, vb + s);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = s + e;
+        if (r >= S0 && r < SLOTS) {
+          p[r & 3] = fmaf(t[e], x[r], p[r & 3]);
+          if (r < JC1) pv = r == j ? x[r] : pv;
+        }
+      }
+    }
+    const float d = (p[0] + p[1]) + (p[2] + p[3]);
+    const int col = 32 * warp + lane;
+    const bool me = col == j;
+    const bool right = col > j && col < NB;
+    const float w = right ? f.tau * fmaf(f.scale, d, pv) : 0.0f;
+    const float ws = w * f.scale;
+    const float at = me ? f.beta : (right ? pv - w : pv);
+    if (me) {
+      own = f.scale;
+      tauv = f.tau;
+    }
+#pragma unroll
+    for (int s = S0 - S0 % 4; s < VP; s += 4) {  // the tail is 0 at and above row j: those FMAs change nothing
+      if (s % HOIST == 0) warp_barrier();
+      float t[4];
+      load_vec<4>(t, vb + s);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = s + e;
+        if (r >= S0 && r < SLOTS) x[r] = (r < JC1 && r == j) ? at : fmaf(-ws, t[e], x[r]);
+      }
+    }
+  }
+
+  template <int QJ>
+  __device__ __forceinline__ void columns() {
+    constexpr int J1 = (QJ + 1) * CH < NB ? (QJ + 1) * CH : NB;
+#pragma unroll 1
+    for (int j = QJ * CH; j < J1; ++j) column<QJ>(j);
+    if constexpr (J1 < NB) columns<QJ + 1>();
+  }
+
+  __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau) {
+    const int col = 32 * warp + lane;
+    const bool mine = col < NB;
+    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + col;
+    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + col;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) x[s] = mine && s < mp ? sb[(size_t)s * N] : 0.0f;
+    columns<0>();
+    if (mine) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        if (s < mp) hb[(size_t)s * N] = s > col ? x[s] * own : x[s];
+      }
+      tau[(size_t)b * K + c0 + col] = tauv;
+    }
+  }
+};
+
+template <int M, int N, int K, int SLOTS, int NB, int WARPS>
+__device__ __forceinline__ void panel_lanes_block(const float* __restrict__ src, float* __restrict__ h,
+                                                  float* __restrict__ tau, int c0, int mp) {
+  using P = LanesBlock<M, N, K, SLOTS, NB, WARPS>;
+  QR_SHARED typename P::Shared sm;
+  P panel{sm, c0, mp, (int)(threadIdx.x & 31), (int)(threadIdx.x >> 5), (int)blockIdx.x};
+  panel.run(src, h, tau);
+}

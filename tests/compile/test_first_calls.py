@@ -81,9 +81,12 @@ def test_each_family_has_a_quick_level():
     from qrgen.plan.planner import plan
     from qrgen.schedule.files import find
 
-    whole, _ = find(Problem(64, 64, 1000), TARGET)
+    whole, _ = find(Problem(64, 32, 1000), TARGET)
     rows, _ = find(Problem(1024, 1024, 60), TARGET)
     assert {quick_level(k) for k in plan(whole, TARGET).kernels} == {"max"}
+    for m, n, batch in [(64, 64, 1000), (128, 128, 500)]:  # lanes panels past 32 columns (their loops rolled)
+        wide, _ = find(Problem(m, n, batch), TARGET)
+        assert {(k.variant, quick_level(k)) for k in plan(wide, TARGET).kernels} == {("lanes", "mid")}
     assert {quick_level(k) for k in plan(rows, TARGET).kernels} == {"mid"}  # lanes, rows loop, products
     tall, _ = find(Problem(20000, 100, 1), TARGET)  # rows panels with their loop over columns unrolled
     assert {(k.variant, quick_level(k)) for k in plan(tall, TARGET).kernels} == {("rows", "max")}

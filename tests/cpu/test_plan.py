@@ -193,9 +193,9 @@ def test_lanes_panels_on_clusters():
 
 
 def test_wide_lanes_panels():
-    """A lanes panel of 33 to 64 columns: on one warp only, as its matrix's last panel (no V^T, no keep plan, no fused
-    Q), with no shared memory; the default for 32 < n <= m <= 64 at any batch, and its result the reference's on the
-    CPU engine."""
+    """A lanes panel past 32 columns: up to 64 on one warp, up to 128 on a warp for each 32 columns and 128 rows, as
+    its matrix's last panel (no V^T, no keep plan, no fused Q); the default for 32 < n <= m <= 64 at any batch and
+    for 64 < n <= m <= 128 past 132 matrices; its result the reference's on the CPU engine."""
     from qrgen.run import numpy_engine
     from qrgen.numerics import reference
     from qrgen.numerics.stress import mixed
@@ -205,19 +205,28 @@ def test_wide_lanes_panels():
     (k,) = p.kernels
     assert (k.name, k.slots, k.trail) == ("qr_lanes_w64_t32_s64", 64, False) and p.launches[0].shared_bytes == 0
     assert "panel_lanes_wide<64, 64, 64, 64, 64>(src, h, tau, c0, mp);" in render(k, wide, SM90).source
-    for bad, words in [(lambda: Panel(64, "lanes", 64), "up to 64 on one warp"),
+    for bad, words in [(lambda: Panel(64, "lanes", 96), "up to 64 on one warp"),
                        (lambda: Panel(65, "lanes", 32), "up to 64 on one warp"),
                        (lambda: Panel(40, "lanes", 32, 2, cluster=True), "up to 64 on one warp"),
                        (lambda: check(Schedule(64, 96, (Panel(64, "lanes", 32),)), SM90), "must be the last"),
                        (lambda: check(Schedule(72, 64, (Panel(64, "lanes", 32),)), SM90), "registers"),
-                       (lambda: plan(wide, keep=True), "no reflectors kept for Q")]:
+                       (lambda: plan(wide, keep=True), "no reflectors kept for Q"),
+                       (lambda: Panel(96, "lanes", 64), "a warp for each 32 columns"),
+                       (lambda: Panel(129, "lanes", 160), "up to 128"),
+                       (lambda: check(Schedule(130, 100, (Panel(100, "lanes", 128),)), SM90), "at most 128 rows")]:
         with pytest.raises(ValueError, match=words):
             bad()
     for batch, m, n in [(1, 33, 33), (10, 64, 40), (1000, 64, 64), (5000, 48, 48)]:
         assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32),)
-    for batch, m, n in [(1000, 65, 64), (1000, 64, 32), (10, 40, 64)]:
+    for batch, m, n, threads in [(500, 128, 128, 128), (133, 100, 70, 96), (1000, 96, 65, 96)]:
+        assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", threads),)
+    block = Schedule(128, 128, (Panel(128, "lanes", 128),))
+    (k,) = plan(block).kernels
+    assert (k.name, k.slots) == ("qr_lanes_w128_t128_s128", 128)
+    assert "panel_lanes_block<128, 128, 128, 128, 128, 4>(src, h, tau, c0, mp);" in render(k, block, SM90).source
+    for batch, m, n in [(1000, 65, 64), (1000, 64, 32), (10, 40, 64), (132, 128, 128), (500, 129, 128)]:
         assert all(p.width <= 32 or p.variant != "lanes" for p in default_schedule(Problem(m, n, batch)).panels)
-    after = LANES_SCHEDULES[-1]  # a wide panel at column 32, after a 32-wide one
+    after = LANES_SCHEDULES[-4]  # a wide panel at column 32, after a 32-wide one
     assert [p.width for p in after.panels] == [32, 64] and plan(after).launches[1].c0 == 32
     a, _ = mixed(96, 96, 6, seed=5)
     h, tau, _ = numpy_engine.geqrf(a, after)

@@ -31,10 +31,12 @@ def test_default_params_give_the_default_schedule(m, n, batch):
 
 
 @pytest.mark.parametrize("m,n,batch,one", [(48, 48, 4000, "lanes"), (64, 32, 2000, "whole"), (64, 64, 1000, "lanes"),
-                                           (64, 64, 999, "lanes"), (33, 33, 5000, "lanes"), (64, 40, 3, "lanes")])
+                                           (64, 64, 999, "lanes"), (33, 33, 5000, "lanes"), (64, 40, 3, "lanes"),
+                                           (128, 128, 500, "lanes"), (100, 70, 133, "lanes")])
 def test_default_params_give_the_default_one_kernel_schedule(m, n, batch, one):
-    """Small matrices take one kernel a matrix by default: a wide lanes panel for 32 < n <= m <= 64
-    (schedule.heuristic.default_wide_lanes), a whole kernel for many of n = 32 (default_whole); the tuner's first
+    """Small matrices take one kernel a matrix by default: a wide lanes panel for 32 < n <= m <= 64, and for n <= m
+    <= 128 past 132 matrices (schedule.heuristic.default_wide_lanes), a whole kernel for many of n = 32
+    (default_whole); the tuner's first
     trial is the same point, and the default without it is among its early variations."""
     problem = Problem(m, n, batch)
     params = default_params(problem)

@@ -99,7 +99,7 @@ def test_batches_mixed(batch):
 
 
 @pytest.mark.parametrize("batch,m,n,variant", [(1000, 48, 48, "lanes"), (1200, 64, 64, "lanes"), (7, 64, 40, "lanes"),
-                                               (1000, 64, 32, "whole")])
+                                               (300, 128, 128, "lanes"), (1000, 64, 32, "whole")])
 def test_default_one_kernel_mixed_batch(batch, m, n, variant):
     """The defaults of one kernel a matrix for small ones (schedule.heuristic.default_wide_lanes, default_whole) on a
     batch of every stress family."""
