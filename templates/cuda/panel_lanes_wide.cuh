@@ -104,12 +104,12 @@ __device__ __forceinline__ void panel_lanes_wide(const float* __restrict__ src, 
 }
 
 // A lanes panel of 33 to 128 columns on a block of WARPS = ceil(NB / 32) warps, the last panel of its matrix (as
-// LanesWide): lane c of warp w owns column 32w + c, every row of it in registers. Column j: the warp holding it (PW)
-// forms every lane's squared norm below row j (lane j's is sigma) and the pivot lane writes its tail, sigma and the
-// pivot to shared memory (by parity of the column); after one barrier every warp reads them, builds the same
-// reflector and updates its own columns, reading the tail again for the update (held, it would double the
-// registers). A warp whose columns are all done keeps passing the barriers and does nothing else. The loop over
-// columns is rolled, one copy of a column's code for each chunk of CH rows, as in LanesWide.
+// LanesWide): lane c of warp w owns column 32w + c, every row of it in registers. Column j: the pivot lane writes
+// its tail to shared memory (by parity of the column); after a barrier every lane forms its dot with it (the pivot
+// lane's is sigma, so no pass of its own computes it) and the pivot lane writes sigma and the pivot; after a second
+// barrier every warp builds the same reflector and updates its own columns, reading the tail again (held, it would
+// double the registers). A warp whose columns are all done keeps passing the barriers and does nothing else. The
+// loop over columns is rolled, one copy of a column's code for each chunk of CH rows, as in LanesWide.
 template <int M, int N, int K, int SLOTS, int NB, int WARPS>
 struct LanesBlock {
   static constexpr int CH = 8;  // rows a chunk; divides 32, so a chunk's columns share their pivot warp
@@ -131,33 +131,24 @@ struct LanesBlock {
     constexpr int S0 = QJ * CH, JC1 = (QJ + 1) * CH, PW = S0 / 32;
     const int par = j & 1;
     float* vb = sm.v[par];
-    if (warp == PW) {
-      float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      float alpha = 0.0f;
+    const int col = 32 * warp + lane;
+    if (col == j) {  // the pivot lane: its tail (zero at and above row j)
 #pragma unroll
-      for (int s = S0; s < SLOTS; ++s) {
-        const float y = (s >= JC1 || s > j) ? x[s] : 0.0f;
-        q[s & 3] = fmaf(y, y, q[s & 3]);
-        if (s < JC1) alpha = s == j ? x[s] : alpha;
-      }
-      if (lane == (j & 31)) {
+      for (int s = S0 - S0 % 4; s < VP; s += 4) {
+        float t[4];
 #pragma unroll
-        for (int s = S0 - S0 % 4; s < VP; s += 4) {
-          float t[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = s + e;
-            t[e] = r >= SLOTS || r < S0 ? 0.0f : ((r >= JC1 || r > j) ? x[r] : 0.0f);
-          }
-          store_vec<4>(vb + s, t);
+        for (int e = 0; e < 4; ++e) {
+          const int r = s + e;
+          t[e] = r >= SLOTS || r < S0 ? 0.0f : ((r >= JC1 || r > j) ? x[r] : 0.0f);
         }
-        sm.sa[par][0] = (q[0] + q[1]) + (q[2] + q[3]);
-        sm.sa[par][1] = alpha;
+        store_vec<4>(vb + s, t);
       }
     }
     block_barrier();
-    if (warp < PW) return;  // its columns are done
-    const Reflector f = make_reflector<true>(sm.sa[par][1], sm.sa[par][0]);
+    if (warp < PW) {  // its columns are done
+      block_barrier();
+      return;
+    }
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float pv = 0.0f;
 #pragma unroll
@@ -174,8 +165,13 @@ struct LanesBlock {
         }
       }
     }
-    const float d = (p[0] + p[1]) + (p[2] + p[3]);
-    const int col = 32 * warp + lane;
+    const float d = (p[0] + p[1]) + (p[2] + p[3]);  // the pivot lane's: sigma
+    if (col == j) {
+      sm.sa[par][0] = d;
+      sm.sa[par][1] = pv;
+    }
+    block_barrier();
+    const Reflector f = make_reflector<true>(sm.sa[par][1], sm.sa[par][0]);
     const bool me = col == j;
     const bool right = col > j && col < NB;
     const float w = right ? f.tau * fmaf(f.scale, d, pv) : 0.0f;
