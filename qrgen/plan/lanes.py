@@ -19,7 +19,11 @@ LOOP = False
 CLUSTER = True
 REG_OVERHEAD = 24
 WIDE_MAX = 64  # columns of a lanes panel on one warp, two a lane (templates/cuda/panel_lanes_wide.cuh) ...
-BLOCK_MAX = 128  # ... and on a block of a warp for each 32 columns, one a lane (there too)
+BLOCK_MAX = 128  # ... and columns (and rows) on a block of a warp for each 32 columns, one a lane (there too)
+# Registers from ptxas reports beside the one-warp kernel's three arrays (tests/compile: the most rows it admits
+# compile without spills) and beside the block kernel's column, at BLOCK_MAX rows.
+WIDE_OVERHEAD = 40
+BLOCK_OVERHEAD = 90
 
 
 def check(panel) -> None:
@@ -59,17 +63,13 @@ def slots(panel, rows: int) -> int:
     return math.ceil(rows / (panel.blocks * panel.threads // 32))
 
 
-BLOCK_OVERHEAD = 90  # LanesBlock's registers beside its column, from ptxas reports at BLOCK_MAX rows
-WIDE_OVERHEAD = 40  # LanesWide's registers beside its three arrays, from ptxas reports (tests/compile: the most rows
-# it admits compile without spills)
-
-
 def registers(panel, rows: int) -> int:
-    # the column's entries, the broadcast column j, the product (V T)^T: three arrays (wide: two columns and the
-    # broadcast one)
-    if panel.width > 32 and panel.threads > 32:  # its column, the tail read from shared memory as it is used
+    if panel.width > 32 and panel.threads > 32:  # its column (the pivot's tail read from shared memory as it is used)
         return slots(panel, rows) + BLOCK_OVERHEAD
-    return 3 * slots(panel, rows) + (WIDE_OVERHEAD if panel.width > 32 else REG_OVERHEAD)
+    if panel.width > 32:  # its two columns and the broadcast one
+        return 3 * slots(panel, rows) + WIDE_OVERHEAD
+    # the column's entries, the broadcast column j, the product (V T)^T: three arrays
+    return 3 * slots(panel, rows) + REG_OVERHEAD
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:

@@ -54,6 +54,13 @@ def resources(schedule, index: int, target: Target) -> PanelResources:
                           fam.shared_bytes(panel, rows, out.trail and not out.vt_only, schedule.m, schedule.n))
 
 
+def check_place(schedule, index: int, trail: bool) -> None:
+    """What panel `index`'s family needs of its place in the schedule (its check_plan, where it has one)."""
+    family_check = getattr(panel_family(schedule.panels[index].variant), "check_plan", None)
+    if family_check is not None:
+        family_check(schedule, index, trail)
+
+
 def check(schedule, target: Target) -> None:
     """ValueError naming the panel and what it lacks where the target cannot run a kernel of the schedule."""
     limits = target.limits
@@ -64,9 +71,7 @@ def check(schedule, target: Target) -> None:
                          f"{tmat.max_reflectors(target)} on {target.arch} (its shared memory)")
     aggs = aggregates(schedule)
     for index, panel in enumerate(schedule.panels):
-        plan_check = getattr(panel_family(panel.variant), "check_plan", None)
-        if plan_check is not None:
-            plan_check(schedule, index, panel_outputs(schedule, index, aggs).trail)
+        check_place(schedule, index, panel_outputs(schedule, index, aggs).trail)
         res = resources(schedule, index, target)
         if res.registers > res.register_cap:
             raise ValueError(
@@ -102,8 +107,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                              "no keep plan")
         out = panel_outputs(schedule, index, aggs, keep)
         agg, nc, trail = out.agg, out.nc, out.trail
-        if hasattr(fam, "check_plan"):
-            fam.check_plan(schedule, index, trail)
+        check_place(schedule, index, trail)
         if agg is None:
             v_row, v_ld, v_bs = 0, rows, panel.width * rows
         else:  # in its aggregate's V^T, whose merged form begins at the aggregate's end (or with reach the next one's)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from ..problem import Problem
 from ..targets import CLUSTERS, Target
 from .model import Panel, Precision, Schedule
-from .panels import SM90, cluster_lanes_panel, cols_panel, default_panel, lanes_panel, tsqr_panel, with_loop
+from .panels import (SM90, cluster_lanes_panel, cols_panel, default_panel, lanes_panel, tsqr_panel, wide_lanes_panel,
+                     with_loop)
 
 LANES_MAX_BATCH = 264  # lanes panels up to this many matrices (docs/decisions.md#lanes-max-batch)
 DEFAULT_AGGREGATE = 128  # columns per aggregate (docs/decisions.md#aggregate-default)
@@ -169,10 +170,9 @@ def default_wide_lanes(problem: Problem) -> Panel | None:
     lane) for 32 < n <= m <= WIDE_LANES_ROWS, any batch; on a warp for each 32 columns for WIDE_LANES_ROWS < n <= m <=
     BLOCK_LANES_ROWS past COLS_MAX_BATCH matrices (fewer take cols panels, default_cols, or panels); or None."""
     n, m = problem.n, problem.m
-    if 32 < n <= m <= WIDE_LANES_ROWS:
-        return Panel(n, "lanes", 32)
-    if WIDE_LANES_ROWS < n <= m <= BLOCK_LANES_ROWS and problem.batch > COLS_MAX_BATCH:
-        return Panel(n, "lanes", 32 * math.ceil(n / 32))
+    if 32 < n <= m <= WIDE_LANES_ROWS or (
+            WIDE_LANES_ROWS < n <= m <= BLOCK_LANES_ROWS and problem.batch > COLS_MAX_BATCH):
+        return wide_lanes_panel(n)
     return None
 
 

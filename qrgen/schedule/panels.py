@@ -76,6 +76,12 @@ def lanes_panel(rows: int, width: int, slots: int | str = "auto", blocks: int = 
     return None
 
 
+def wide_lanes_panel(width: int) -> Panel:
+    """A lanes panel of 33 to 128 columns that is its matrix's last (plan/lanes.py): on one warp, two columns a lane,
+    up to 64 columns; past 64, on a warp for each 32 columns."""
+    return Panel(width, "lanes", 32 if width <= 64 else 32 * math.ceil(width / 32))
+
+
 def cluster_lanes_panel(rows: int, width: int, blocks: int, slots: int = CLUSTER_LANE_SLOTS, target: Target = SM90):
     """A panel on a cluster of `blocks` blocks: a lanes panel of about `slots` rows per warp where it fits, else a
     rows panel (cluster_panel; docs/decisions.md#cluster-lanes-panel)."""

@@ -42,6 +42,7 @@ from ..schedule.panels import (
     default_panel,
     lanes_panel,
     tsqr_panel,
+    wide_lanes_panel,
     with_loop,
 )
 from ..targets import Target
@@ -201,8 +202,7 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
             width = params[f"rows_{phase}"]
             panel = default_panel(rows, remaining) if width == "auto" else default_panel(rows, remaining, (width,))
         elif family == "lanes" and min(params[f"lanes_{phase}"], remaining) > 32:  # (on no cluster: lanes_cluster)
-            width = min(params[f"lanes_{phase}"], remaining)
-            panel = Panel(width, "lanes", 32 if width <= 64 else 32 * math.ceil(width / 32))
+            panel = wide_lanes_panel(min(params[f"lanes_{phase}"], remaining))
         elif family == "lanes":  # lanes panels where one block holds the rows, else the default heuristic's
             width = min(params[f"lanes_{phase}"], remaining)
             blocks = params.get("lanes_cluster", 0) or 1
@@ -282,9 +282,8 @@ def variations(problem: Problem) -> list[dict]:
     """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
     sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
     reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
-    20, tuning margin 10). Where the default is one kernel a matrix (whole, cols, a wide lanes panel), the default without
-    it. For up to
-    16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and precisions), then
+    20, tuning margin 10). Where the default is one kernel a matrix (whole, cols, a wide lanes panel), the default
+    without it. For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and precisions), then
     clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows per warp; for up to
     WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default has clusters, the default without
     them; where it has warp or rows panels, the other column loop; with aggregates, the other lookaheads (and with
