@@ -1,7 +1,8 @@
 """Every NVIDIA architecture qrgen lists that the installed NVRTC compiles for: the kernels of the schedules
-qrgen picks there (the tuned file where one is shipped, else the default heuristic's) for the reference batches and
-the single and tall shapes, for geqrf and for qr (which keeps V and T), render and compile with NVRTC without
-spills (SPILL_BUDGET states the exceptions)."""
+qrgen picks there (the tuned file where one is shipped, else the default heuristic's) for the reference batches, the
+single and tall shapes and two many-small ones (lanes panels past 32 columns, on one warp and on a block), for geqrf
+and for qr (which keeps V and T), render and compile with NVRTC without spills (SPILL_BUDGET states the
+exceptions)."""
 import os
 
 import pytest
@@ -26,7 +27,10 @@ SPILL_BUDGET = {("qr_tmat", "sm_86"): 16, ("qr_tmat", "sm_87"): 16, ("qr_tmat", 
 
 def budget(name: str, arch: str) -> int:
     return max([b for (prefix, a), b in SPILL_BUDGET.items() if a == arch and name.startswith(prefix)], default=0)
+
+
 GPUS = [a for a in ARCHS if not a.endswith("a")]  # sm_90a is sm_90 with its arch-specific instructions
+EVERY_ARCH_CASES = REFERENCE_CASES + SINGLE_TALL_CASES + ((1000, 64, 64), (500, 128, 128))
 
 
 def kernels(target, cases=REFERENCE_CASES + SINGLE_TALL_CASES):
@@ -54,7 +58,7 @@ def test_picked_schedules_compile_for_every_arch(arch, monkeypatch):
         pytest.skip(f"the installed NVRTC does not compile for {arch}")
     monkeypatch.setenv("QRGEN_CACHE_DIR", os.environ["QRGEN_TEST_CACHE_DIR"])
     target = Target("cuda", arch)
-    items = [(name, source) for source, name in kernels(target).items()]
+    items = [(name, source) for source, name in kernels(target, EVERY_ARCH_CASES).items()]
     if not target.has(CLUSTERS):
         assert not any("cluster" in source and "__cluster_dims__" in source for _, source in items)
     binaries = compile_many(items, target)
