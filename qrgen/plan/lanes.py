@@ -98,6 +98,8 @@ def name(spec) -> str:
 
 
 def describe(panel) -> str:
+    if panel.width > 32:
+        return ", two columns a lane" if panel.threads == 32 else ", a warp for each 32 columns"
     return f" x{panel.blocks} blocks" + (" (cluster)" if panel.cluster else "") if panel.blocks > 1 else ""
 
 

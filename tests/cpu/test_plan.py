@@ -220,7 +220,9 @@ def test_wide_lanes_panels():
         assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32),)
     for batch, m, n, threads in [(500, 128, 128, 128), (133, 100, 70, 96), (1000, 96, 65, 96)]:
         assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", threads),)
+    assert wide.describe().startswith("1x64 lanes(32 threads, two columns a lane)")
     block = Schedule(128, 128, (Panel(128, "lanes", 128),))
+    assert block.describe().startswith("1x128 lanes(128 threads, a warp for each 32 columns)")
     (k,) = plan(block).kernels
     assert (k.name, k.slots) == ("qr_lanes_w128_t128_s128", 128)
     assert "panel_lanes_block<128, 128, 128, 128, 128, 4>(src, h, tau, c0, mp);" in render(k, block, SM90).source
