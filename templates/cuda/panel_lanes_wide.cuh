@@ -1,11 +1,11 @@
 // A lanes panel of 33 to 64 columns on one warp, the last panel of its matrix (nothing right of it, no Q): lane c
 // owns columns c (x0) and 32 + c (x1), every row in registers. Columns 0..31 first, the pivot column j in lane j's
 // x0 and both halves updated, then 32..NB-1, the pivot in lane j - 32's x1 and the second half alone. As in
-// LanesPanel (panel_lanes.cuh), column j's tail is broadcast by shuffles, each lane's dots are its own, every lane builds the same
-// reflector and the pivot column stays unscaled below its diagonal until the end. The loop over columns is not
-// unrolled (unrolled, the code outgrows the instruction cache at these sizes): one copy of a column's code for
-// each chunk of CH rows that can hold row j, in which the chunks above it are left out, the chunks below take no
-// masks and only its own takes them, so a column's work shrinks with j by whole chunks.
+// LanesPanel (panel_lanes.cuh), column j's tail is broadcast by shuffles, each lane's dots are its own, every lane
+// builds the same reflector and the pivot column stays unscaled below its diagonal until the end. The loop over
+// columns is not unrolled (unrolled, the code outgrows the instruction cache at these sizes): one copy of a column's
+// code for each chunk of CH rows that can hold row j, in which the chunks above it are left out, the chunks below
+// take no masks and only its own takes them, so a column's work shrinks with j by whole chunks.
 template <int M, int N, int K, int SLOTS, int NB>
 struct LanesWide {
   static constexpr int CH = 4;  // rows a chunk; divides 32, so each phase's columns start on a chunk
