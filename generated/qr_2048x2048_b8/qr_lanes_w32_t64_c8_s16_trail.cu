@@ -13,8 +13,11 @@
 #define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
 
 // Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
-// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument). QR_SHARED_VAR(name, type) declares one
+// of a kernel whose blocks may form a cluster (the CPU layer, which runs a cluster's blocks together, gives each
+// block its own).
 #define QR_SHARED __shared__
+#define QR_SHARED_VAR(name, ...) __shared__ __VA_ARGS__ name
 #define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
 
 // Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory
@@ -287,6 +290,13 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
   asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
                :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+
+// A publishing arrival, then a CTA-scope fence across which ptxas moves no instruction: the work that follows it
+// in the source (a cols producer's updates of its other columns) is not hoisted ahead of it to delay the consumers.
+__device__ __forceinline__ void mbar_arrive_first(unsigned long long* bar) {
+  mbar_arrive(bar);
+  asm volatile("fence.acq_rel.cta;" ::: "memory");
 }
 
 // Feature "cluster" (sm_90): thread-block clusters and their distributed shared memory, each block reading and
@@ -729,7 +739,7 @@ __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                             int c0, int mp, int vld, long long vbs) {
   using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ>;
-  QR_SHARED typename P::Shared sm;
+  QR_SHARED_VAR(sm, typename P::Shared);
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -23,8 +23,11 @@
 #define QR_FULL_MASK 0xffffffffu  // every lane of the warp takes part
 
 // Shared memory: a block's static shared variable, and its dynamic shared memory as floats, 16-byte aligned
-// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument).
+// (MSL: threadgroup; the dynamic part a threadgroup(0) kernel argument). QR_SHARED_VAR(name, type) declares one
+// of a kernel whose blocks may form a cluster (the CPU layer, which runs a cluster's blocks together, gives each
+// block its own).
 #define QR_SHARED __shared__
+#define QR_SHARED_VAR(name, ...) __shared__ __VA_ARGS__ name
 #define QR_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
 
 // Barriers: every thread of the block (every lane of the warp) arrives before any goes on, and their shared-memory

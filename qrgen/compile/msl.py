@@ -116,7 +116,8 @@ def check(source: str, name: str) -> Signature:
 
 
 def _body(source: str, layer: str) -> str:
-    prelude = _layer(layer) + _layer("common.h")
+    fibers = (template_dir() / "host" / "fibers.h").read_text() if layer == "cpu.h" else ""
+    prelude = fibers + _layer(layer) + _layer("common.h")
     return ATTRIBUTE.sub("", source.replace("#include <metal_stdlib>", prelude))
 
 

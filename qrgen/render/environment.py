@@ -1,9 +1,15 @@
 """The one Jinja environment: strict (an undefined name is an error, never empty text), no autoescape, sources
 kept byte for byte (trailing newlines kept, no block trimming). Compiled templates are kept on disk beside the
 kernel cache (Jinja's bytecode cache, checked against each template's source and the Python version): a process
-whose kernels are all cached renders their sources (the cache's keys) without compiling templates again."""
+whose kernels are all cached renders their sources (the cache's keys) without compiling templates again.
+
+A layer (`with layer("host"):`) renders the same kernel templates over other headers: a header of
+templates/cuda/<layer>/ stands in for templates/cuda/'s of that name (the CPU layer, compile/host.py, replaces the
+dialect and the headers of the sm_80 and sm_90 features)."""
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
 from functools import lru_cache
 
 from ..paths import cache_dir, template_dir
@@ -45,17 +51,41 @@ def bytecode_cache():
     return _bytecode_cache_class()(str(folder))
 
 
-@lru_cache(maxsize=None)
+_LAYER = contextvars.ContextVar("qrgen_template_layer", default="")
+
+
+@contextmanager
+def layer(name: str):
+    """Templates rendered inside use the headers of layer `name` where it has them (the module's docstring)."""
+    token = _LAYER.set(name)
+    try:
+        yield
+    finally:
+        _LAYER.reset(token)
+
+
 def environment():
-    """The jinja2.Environment."""
+    """The jinja2.Environment (of the current layer)."""
+    return _environment(_LAYER.get())
+
+
+@lru_cache(maxsize=None)
+def _environment(name: str):
     import jinja2
 
+    loader = jinja2.FileSystemLoader(str(template_dir()))
+    if name:
+        override = jinja2.PrefixLoader({"cuda": jinja2.FileSystemLoader(str(template_dir() / "cuda" / name))})
+        loader = jinja2.ChoiceLoader([override, loader])
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
-        bytecode_cache=bytecode_cache(),
+        loader=loader,
+        bytecode_cache=None if name else bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=False,
         lstrip_blocks=False,
         autoescape=False,
     )
+
+
+environment.cache_clear = _environment.cache_clear  # a new environment on the next call, as in a fresh process

@@ -6,17 +6,11 @@ device is run/metal_mac.py's."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from ..compile import msl
-from ..paths import cache_dir
+from ..compile.host import compiler, shared_library
 
 CXX_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-w")
 
@@ -28,10 +22,7 @@ class CpuDevice:
     name = "cpu (MSL translation layer)"
 
     def __init__(self):
-        self.cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-        if not self.cxx:
-            raise RuntimeError("running Metal kernels on the CPU needs a C++ compiler (c++ or $CXX)")
-        self.version = subprocess.run([self.cxx, "--version"], capture_output=True, text=True).stdout
+        compiler()  # a RuntimeError here where there is no C++ compiler
 
     def array(self, host: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(host).copy()
@@ -54,19 +45,7 @@ class CpuDevice:
 
     def load(self, name: str, source: str):
         code, sig = msl.to_cpu(source, name)
-        key = hashlib.sha256((code + self.version + " ".join(CXX_FLAGS)).encode()).hexdigest()[:24]
-        folder = cache_dir() / "msl-cpu"
-        path = folder / f"{name}-{key}.so"
-        if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                src, out = Path(tmp) / f"{name}.cpp", Path(tmp) / f"{name}.so"
-                src.write_text(code)
-                run = subprocess.run([self.cxx, *CXX_FLAGS, "-o", str(out), str(src)], capture_output=True, text=True)
-                if run.returncode:
-                    raise RuntimeError(f"{name}: the CPU layer's C++ does not compile:\n{run.stderr[:3000]}")
-                os.replace(out, path)
-        fn = getattr(ctypes.CDLL(str(path)), f"{name}__launch")
+        fn = getattr(shared_library(name, code, "msl-cpu", CXX_FLAGS), f"{name}__launch")
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p] + [ctypes.c_int] * 5
         return name, fn, sig

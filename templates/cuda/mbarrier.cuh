@@ -38,3 +38,10 @@ __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsi
   asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
                :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
 }
+
+// A publishing arrival, then a CTA-scope fence across which ptxas moves no instruction: the work that follows it
+// in the source (a cols producer's updates of its other columns) is not hoisted ahead of it to delay the consumers.
+__device__ __forceinline__ void mbar_arrive_first(unsigned long long* bar) {
+  mbar_arrive(bar);
+  asm volatile("fence.acq_rel.cta;" ::: "memory");
+}

@@ -10,13 +10,6 @@
 // its own, prepared by the last block, which then holds every reflector. Without WY each producer writes its
 // reflectors' rows of V^T at once, and the panel's aggregate computes T in its merge.
 
-// A publishing arrival, then a CTA-scope fence across which ptxas moves no instruction: the work that follows it
-// in the source (a producer's updates of its other columns) is not hoisted ahead of it to delay the consumers.
-__device__ __forceinline__ void mbar_arrive_first(unsigned long long* bar) {
-  mbar_arrive(bar);
-  asm volatile("fence.acq_rel.cta;" ::: "memory");
-}
-
 // Producers without tests for columns past the panel (ColsPanel::FULL) up to this many rows a lane (in 32s) and
 // columns a warp (docs/decisions.md#cols-early).
 constexpr int FULL_SLOTS = 6;

@@ -352,7 +352,7 @@ __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                             int c0, int mp, int vld, long long vbs) {
   using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ>;
-  QR_SHARED typename P::Shared sm;
+  QR_SHARED_VAR(sm, typename P::Shared);
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -224,7 +224,7 @@ template <int M, int N, int K, int SLOTS, int NB, int WARPS>
 __device__ __forceinline__ void panel_lanes_block(const float* __restrict__ src, float* __restrict__ h,
                                                   float* __restrict__ tau, int c0, int mp) {
   using P = LanesBlock<M, N, K, SLOTS, NB, WARPS>;
-  QR_SHARED typename P::Shared sm;
+  QR_SHARED_VAR(sm, typename P::Shared);
   P panel{sm, c0, mp, (int)(threadIdx.x & 31), (int)(threadIdx.x >> 5), (int)blockIdx.x};
   panel.run(src, h, tau);
 }

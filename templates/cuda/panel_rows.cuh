@@ -426,7 +426,7 @@ __device__ __forceinline__ void panel_rows(const float* __restrict__ src, float*
                                            unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld,
                                            long long vbs) {
   using P = RowsPanel<M, N, K, SLOTS, NB, THREADS, BLOCKS, VEC, GRAM, TRAIL, CLUSTER, LOOP>;
-  QR_SHARED typename P::Shared sm;
+  QR_SHARED_VAR(sm, typename P::Shared);
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS;
   const int g = blockIdx.x - b * BLOCKS;

@@ -185,7 +185,7 @@ template <int M, int N, int K, int NB, int THREADS, int VEC, int GRAM, bool LOOP
 __device__ __forceinline__ void whole(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau) {
   using Q = Whole<M, N, K, NB, THREADS, VEC, GRAM, LOOP>;
   QR_DYNAMIC_SHARED(dyn);
-  QR_SHARED alignas(16) unsigned char ps[sizeof(typename Q::Big::Shared)];
+  QR_SHARED __align__(16) unsigned char ps[sizeof(typename Q::Big::Shared)];
   Q q{dyn, dyn + Q::OV, dyn + Q::OW, dyn + Q::O2, ps, (int)threadIdx.x, (int)blockIdx.x};
   q.run(src, h, tau);
 }

@@ -1,0 +1,65 @@
+"""The launch sequence with the CUDA panel kernels themselves run on the CPU (compile/host.py) and everything else
+as the NumPy engine computes it: the kernels' own code checked without a GPU, against the gates and the reference."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..compile.host import HostKernel
+from ..plan import tsqr
+from ..plan.family import PANEL_SIGNATURE
+from ..targets import Target
+from .launch import PackedArgs
+from .numpy_engine import CpuFactorizer, NumpyEngine
+from .sequence import drive
+
+
+class HostKernelEngine(NumpyEngine):
+    """NumpyEngine whose panels are the schedule's CUDA panel kernels for `target`, built for the CPU layer (a
+    ValueError names a kernel the layer cannot run)."""
+
+    def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target):
+        super().__init__(fac, h, tau)
+        specs = {k.name: k for k in fac.kernels}
+        self.kernels = {L.kernel: HostKernel(specs[L.kernel], fac.schedule, target) for L in fac.launches}
+        # a cooperative panel's blocks exchange through these (run/workspace.Workspace's, the flags zero per call)
+        blocks = max(L.blocks for L in fac.launches)
+        self.exchange = np.full((self.nb, 2 * blocks * 64), np.nan, dtype=np.float32)
+        self.flags = np.zeros(self.nb, dtype=np.uint32)
+
+    def _address(self, name: str, offset: int) -> int:
+        return self.buffers[name].ctypes.data + 4 * offset
+
+    def panel(self, index, L, epoch, v, z):
+        h = self.buffers["h"]
+        if L.levels:  # a tsqr panel: a launch a phase, every tile of every matrix a block (as run/cuda_engine's)
+            tree = self.buffers["tsqr_tree"]
+            for ph in tsqr.tsqr_phases(L.levels, L.width):
+                args = PackedArgs(tsqr.SIGNATURE, (
+                    h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
+                    tree.ctypes.data, tree.shape[1], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
+                    L.c0, L.v_ld, L.v_bs))
+                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, 0)
+            self.log.append(("panel", index, epoch))
+            return
+        args = PackedArgs(PANEL_SIGNATURE, (
+            h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
+            self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
+        self.kernels[L.kernel](args, self.nb * L.blocks, L.threads, L.shared_bytes)
+        self.log.append(("panel", index, epoch))
+
+
+def geqrf(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(h, tau) of a (batch, m, n) float32 array by the schedule's launch sequence, its panels the CUDA kernels for
+    `target` (default: the default CUDA target) run on the CPU."""
+    target = target or Target()
+    a = np.asarray(a, dtype=np.float32)
+    batch, m, n = a.shape
+    fac = CpuFactorizer(schedule, target=target)
+    h = a.copy()
+    tau = np.zeros((batch, fac.k), dtype=np.float32)
+    engine = HostKernelEngine(fac, h, tau, target)
+    drive(fac, engine)
+    assert not engine.held, "side-stream work left unjoined"
+    return h, tau

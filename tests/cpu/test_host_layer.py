@@ -1,0 +1,102 @@
+"""CPU layer, CUDA: the panel kernels qrgen ships for NVIDIA GPUs, rendered over the host layer (templates/cuda/
+host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence (run/host_engine.py,
+the products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
+(lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
+cooperative, whole, tsqr) and the default schedules of the many-small shapes."""
+import numpy as np
+import pytest
+
+from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES
+from qrgen.compile import host
+from qrgen.numerics.check import FACTOR_GATE, ORTHOGONALITY_GATE, check
+from qrgen.numerics.stress import FAMILIES, mixed
+from qrgen.plan.planner import plan
+from qrgen.problem import Problem
+from qrgen.render.environment import environment, layer
+from qrgen.run import host_engine
+from qrgen.schedule.files import find
+from qrgen.schedule.model import Panel, Schedule
+from qrgen.targets import Target
+
+TARGET = Target()
+
+# the test schedules beside the kernel cases: rows on one block, cooperative (flags) and on a cluster; whole; tsqr
+OTHER_SCHEDULES = {
+    "rows_96x64": Schedule(96, 64, (Panel(32, "rows", 128), Panel(32, "rows", 128))),
+    "rows_cooperative_2048x64": Schedule(2048, 64, (Panel(32, "rows", 256, 4), Panel(32, "rows", 256, 4))),
+    "rows_cluster_1024x64": Schedule(1024, 64, (Panel(32, "rows", 128, 4, cluster=True),) * 2),
+    "whole_64x64": Schedule(64, 64, (Panel(64, "whole", 256, slice=16),)),
+    # a tree of several levels with a ragged last tile, a width no multiple of 4, in aggregates
+    "tsqr_3000x21": Schedule(3000, 21, tuple(Panel(min(8, 21 - c), "tsqr", 64, tile=128) for c in range(0, 21, 8)),
+                             aggregate=16),
+}
+# the default schedules of the many-small shapes (batch, m, n), whatever families they pick
+DEFAULTS = [(4000, 16, 16), (20, 32, 32), (1000, 64, 64), (500, 128, 128), (40, 128, 128), (100, 256, 256)]
+TALL = ("4096x64", "1000x300", "2048x96")  # lanes cases on clusters of many blocks: two matrices, not ten
+
+
+def _gates(schedule, batch=len(FAMILIES)):
+    a, labels = mixed(schedule.m, schedule.n, batch, seed=schedule.m + schedule.n)
+    h, tau = host_engine.geqrf(a, schedule, TARGET)
+    result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
+    assert result.ok, f"{[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+
+
+def _name(s):
+    return f"{s.m}x{s.n}_" + "_".join(f"{p.variant}{p.width}" + (f"b{p.blocks}" if p.blocks > 1 else "")
+                                      for p in s.panels[:3])
+
+
+@pytest.mark.parametrize("schedule", LANES_SCHEDULES + COLS_SCHEDULES, ids=_name)
+def test_lanes_and_cols_kernels_pass_the_gates_on_the_cpu(schedule):
+    _gates(schedule, 2 if f"{schedule.m}x{schedule.n}" in TALL else len(FAMILIES))
+
+
+@pytest.mark.parametrize("case", OTHER_SCHEDULES)
+def test_rows_whole_and_tsqr_kernels_pass_the_gates_on_the_cpu(case):
+    schedule = OTHER_SCHEDULES[case]
+    assert {p.variant for p in schedule.panels} == {case.split("_")[0]}
+    _gates(schedule)
+
+
+@pytest.mark.parametrize("batch,m,n", DEFAULTS, ids=[f"{b}x{m}x{n}" for b, m, n in DEFAULTS])
+def test_the_many_small_defaults_pass_the_gates_on_the_cpu(batch, m, n):
+    _gates(find(Problem(m, n, batch), TARGET)[0])
+
+
+def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
+    schedule = Schedule(4096, 256, (Panel(32, "rows", 512, 16, cluster=True),) * 8)
+    spec = plan(schedule, TARGET).kernels[0]
+    assert "16 blocks of 512 threads" in host.refusal(spec)
+    with pytest.raises(ValueError, match="at most 16 blocks and 4096 threads"):
+        host.HostKernel(spec, schedule, TARGET)
+
+
+def test_a_barrier_not_every_thread_reaches_is_an_error_on_the_cpu():
+    schedule = Schedule(128, 128, (Panel(128, "lanes", 128),))
+    spec = plan(schedule, TARGET).kernels[0]
+    code = host.source(spec, schedule, TARGET)
+    broken = code.replace("    block_barrier();\n    if (warp < PW) {", "    if (warp > 0) block_barrier();\n"
+                          "    if (warp < PW) {", 1)
+    assert broken != code
+    kernel = host.HostKernel(spec, schedule, TARGET, code=broken)
+    a = np.ones((1, 128, 128), dtype=np.float32)
+    fac = host_engine.CpuFactorizer(schedule, target=TARGET)
+    engine = host_engine.HostKernelEngine(fac, a, np.zeros((1, 128), dtype=np.float32), TARGET)
+    engine.kernels[spec.name] = kernel
+    with pytest.raises(RuntimeError, match="deadlocked"):
+        engine.panel(0, fac.launches[0], 0, ("h", 0), ("h", 0))
+
+
+def test_the_host_layer_replaces_only_the_dialect_and_feature_headers():
+    """The kernel bodies are the GPU's: under the layer the same templates render, with the headers of
+    templates/cuda/host/ in place of the dialect and the feature headers."""
+    schedule = Schedule(64, 64, (Panel(64, "lanes", 32),))
+    spec = plan(schedule, TARGET).kernels[0]
+    gpu = environment().get_template("cuda/panel_lanes_wide.cuh").render()
+    with layer("host"):
+        assert environment().get_template("cuda/panel_lanes_wide.cuh").render() == gpu
+        assert "qrl::" in environment().get_template("cuda/dialect.cuh").render()
+    code = host.source(spec, schedule, TARGET)
+    body = code.split("namespace qrl {", 1)[1]
+    assert gpu in code and "__syncwarp" not in body and "asm(" not in body and "asm volatile" not in body
