@@ -7,12 +7,13 @@ import ctypes
 import numpy as np
 
 from ..compile.host import HostKernel
+from ..numerics import qmatrix
 from ..plan import tsqr
 from ..plan.family import PANEL_SIGNATURE
 from ..targets import Target
 from .launch import PackedArgs
 from .numpy_engine import CpuFactorizer, NumpyEngine
-from .sequence import drive
+from .sequence import drive, drive_q
 
 
 class HostKernelEngine(NumpyEngine):
@@ -48,6 +49,39 @@ class HostKernelEngine(NumpyEngine):
             self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
         self.kernels[L.kernel](args, self.nb * L.blocks, L.threads, L.shared_bytes)
         self.log.append(("panel", index, epoch))
+
+
+def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(Q, R) of qrgen.qr's reduced mode for a (batch, m, n) float32 array with m >= n, as the CUDA runtime forms
+    them: by the fused kernel that writes Q and R in one launch where the plan has one (a one-panel, one-block
+    lanes schedule), else by the keep plan's launch sequence and then run/sequence.drive_q, else (no keep plan
+    applies) from h and tau by qrgen.qmatrix; the panels are the CUDA kernels run on the CPU."""
+    target = target or Target()
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    batch, m, n = a.shape
+    fused = next((k for k in CpuFactorizer(schedule, target=target).kernels if k.formq), None)
+    if fused is not None:  # the launch of run/factorizer.launch_qr: R where h goes, Q where (VT)^T goes
+        fac = CpuFactorizer(schedule, target=target)
+        L = fac.launches[0]
+        q, r = np.full((batch, m, n), np.nan, dtype=np.float32), np.full((batch, n, n), np.nan, dtype=np.float32)
+        args = PackedArgs(PANEL_SIGNATURE, (a.ctypes.data, r.ctypes.data, 0, 0, q.ctypes.data, 0, 0, 0, 0, L.rows,
+                                            L.v_ld, L.v_bs))
+        HostKernel(fused, schedule, target)(args, batch * L.blocks, L.threads, L.shared_bytes)
+        return q, r
+    try:
+        fac = CpuFactorizer(schedule, keep=True, target=target)
+    except ValueError:
+        h, tau = geqrf(a, schedule, target)
+        return qmatrix.householder_product(h, tau).astype(np.float32), np.triu(h[:, :n, :])
+    h = a.copy()
+    engine = HostKernelEngine(fac, h, np.zeros((batch, fac.k), dtype=np.float32), target)
+    drive(fac, engine)
+    q = np.zeros((batch, m, n), dtype=np.float32)
+    q[:, range(n), range(n)] = 1.0
+    engine.buffers["q"] = q.reshape(batch, -1)
+    drive_q(fac, engine, n)
+    assert not engine.held, "side-stream work left unjoined"
+    return q, np.triu(h[:, :n, :])
 
 
 def geqrf(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarray, np.ndarray]:

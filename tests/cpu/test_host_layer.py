@@ -2,7 +2,8 @@
 host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence (run/host_engine.py,
 the products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
 (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
-cooperative, whole, tsqr) and the default schedules of the many-small shapes."""
+cooperative, whole, tsqr) and the default schedules of the many-small shapes; and qrgen.qr's Q and R on each of its
+paths (the fused Q kernel, a keep plan, h and tau)."""
 import numpy as np
 import pytest
 
@@ -62,6 +63,36 @@ def test_rows_whole_and_tsqr_kernels_pass_the_gates_on_the_cpu(case):
 @pytest.mark.parametrize("batch,m,n", DEFAULTS, ids=[f"{b}x{m}x{n}" for b, m, n in DEFAULTS])
 def test_the_many_small_defaults_pass_the_gates_on_the_cpu(batch, m, n):
     _gates(find(Problem(m, n, batch), TARGET)[0])
+
+
+# qrgen.qr's reduced mode as the CUDA runtime forms it: the fused kernel that writes Q and R (one-panel lanes
+# schedules), a keep plan's kept reflectors through drive_q, or Q from h and tau where no keep plan applies
+QR_CASES = {
+    "fused_20x32x32": (find(Problem(32, 32, 20), TARGET)[0], "fused"),
+    "fused_4000x16x16": (find(Problem(16, 16, 4000), TARGET)[0], "fused"),
+    "keep_lanes_300x200": (LANES_SCHEDULES[3], "keep"),
+    "keep_cols_clusters_300x200": (COLS_SCHEDULES[7], "keep"),
+    "h_tau_1000x64x64": (find(Problem(64, 64, 1000), TARGET)[0], "h_tau"),
+}
+
+
+@pytest.mark.parametrize("case", QR_CASES)
+def test_qr_on_the_cpu(case):
+    schedule, path = QR_CASES[case]
+    fused = any(k.formq for k in plan(schedule, TARGET).kernels)
+    try:
+        plan(schedule, TARGET, keep=True)
+        keeps = True
+    except ValueError:
+        keeps = False
+    assert path == ("fused" if fused else "keep" if keeps else "h_tau")
+    m, n = schedule.m, schedule.n
+    a = mixed(m, n, len(FAMILIES), seed=7)[0]
+    q, r = host_engine.qr(a, schedule, TARGET)
+    eps = np.finfo(np.float32).eps
+    assert q.shape == a.shape and r.shape == (len(FAMILIES), n, n) and np.array_equal(r, np.triu(r))
+    assert np.abs(q.astype(np.float64) @ r - a).max() <= 10 * n * eps * np.abs(a).max()
+    assert np.abs(np.swapaxes(q, 1, 2).astype(np.float64) @ q - np.eye(n)).max() <= 10 * n * eps
 
 
 def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
