@@ -1,4 +1,4 @@
-"""CUDA panel kernels on the CPU: the same templates rendered over the host layer (templates/cuda/host/: the
+"""CUDA kernels on the CPU (the panels, T and scale): the same templates rendered over the host layer (templates/cuda/host/: the
 dialect and the feature headers as C++ over threads as fibers, templates/host/fibers.h), built with the host's C++
 compiler into a shared library with a launcher, and run block after block. So the kernel bodies qrgen ships for
 NVIDIA GPUs are run and checked where there is no GPU (tests/cpu/test_host_layer.py); nothing of their speed is.

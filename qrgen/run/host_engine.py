@@ -8,7 +8,7 @@ import numpy as np
 
 from ..compile.host import HostKernel
 from ..numerics import qmatrix
-from ..plan import tsqr
+from ..plan import scale, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from ..targets import Target
 from .launch import PackedArgs
@@ -17,13 +17,15 @@ from .sequence import drive, drive_q
 
 
 class HostKernelEngine(NumpyEngine):
-    """NumpyEngine whose panels are the schedule's CUDA panel kernels for `target`, built for the CPU layer (a
-    ValueError names a kernel the layer cannot run)."""
+    """NumpyEngine whose panels, T of the aggregates and power-of-two scaling are the schedule's CUDA kernels for
+    `target`, built for the CPU layer (a ValueError names a kernel the layer cannot run); the products stay
+    NumPy's."""
 
     def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target):
         super().__init__(fac, h, tau)
         specs = {k.name: k for k in fac.kernels}
-        self.kernels = {L.kernel: HostKernel(specs[L.kernel], fac.schedule, target) for L in fac.launches}
+        names = {L.kernel for L in fac.launches} | ({tmat.NAME, scale.NAME} & set(specs))
+        self.kernels = {name: HostKernel(specs[name], fac.schedule, target) for name in names}
         # a cooperative panel's blocks exchange through these (run/workspace.Workspace's, the flags zero per call)
         blocks = max(L.blocks for L in fac.launches)
         self.exchange = np.full((self.nb, 2 * blocks * 64), np.nan, dtype=np.float32)
@@ -49,6 +51,26 @@ class HostKernelEngine(NumpyEngine):
             self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
         self.kernels[L.kernel](args, self.nb * L.blocks, L.threads, L.shared_bytes)
         self.log.append(("panel", index, epoch))
+
+
+    def _tmat(self, agg):
+        """T of an aggregate by the T kernel, from G in "gram" (one part) into "tmat", as run/cuda_engine's."""
+        a = agg.a1 - agg.a0
+        stride = self.sizes.gram
+        args = PackedArgs(tmat.SIGNATURE, (self._address("gram", 0), self.tau.ctypes.data + 4 * agg.a0,
+                                           self._address("tmat", 0), a, stride, self.fac.k, 1, self.nb * stride))
+        self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a))
+
+    def scale(self, phase):
+        """Schedule.scaled's scale by the scale kernel's phases (0 and 1 in, 2 out), two blocks a matrix."""
+        h = self.buffers["h"]
+        if phase == 0:
+            self.amax = np.zeros(self.nb, dtype=np.uint32)
+        for p in ((0, 1) if phase == 0 else (2,)):
+            args = PackedArgs(scale.SIGNATURE, (h.ctypes.data, h.ctypes.data, self.amax.ctypes.data, p, self.fac.m,
+                                                self.fac.n))
+            self.kernels[scale.NAME](args, (2, self.nb), scale.THREADS, 0)
+        self.log.append(("scale", phase))
 
 
 def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarray, np.ndarray]:

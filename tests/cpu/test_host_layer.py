@@ -3,7 +3,7 @@ host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the 
 the products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
 (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
 cooperative, whole, tsqr) and the default schedules of the many-small shapes; and qrgen.qr's Q and R on each of its
-paths (the fused Q kernel, a keep plan, h and tau)."""
+paths (the fused Q kernel, a keep plan, h and tau). The T kernel and the scale kernel run in the sequence too."""
 import numpy as np
 import pytest
 
@@ -16,7 +16,7 @@ from qrgen.problem import Problem
 from qrgen.render.environment import environment, layer
 from qrgen.run import host_engine
 from qrgen.schedule.files import find
-from qrgen.schedule.model import Panel, Schedule
+from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.targets import Target
 
 TARGET = Target()
@@ -93,6 +93,25 @@ def test_qr_on_the_cpu(case):
     assert q.shape == a.shape and r.shape == (len(FAMILIES), n, n) and np.array_equal(r, np.triu(r))
     assert np.abs(q.astype(np.float64) @ r - a).max() <= 10 * n * eps * np.abs(a).max()
     assert np.abs(np.swapaxes(q, 1, 2).astype(np.float64) @ q - np.eye(n)).max() <= 10 * n * eps
+
+
+def test_the_aggregates_t_runs_on_the_t_kernel():
+    schedule = COLS_SCHEDULES[6]  # aggregates of 96 columns
+    fac = host_engine.CpuFactorizer(schedule, target=TARGET)
+    a = np.zeros((1, schedule.m, schedule.n), dtype=np.float32)
+    engine = host_engine.HostKernelEngine(fac, a, np.zeros((1, fac.k), dtype=np.float32), TARGET)
+    assert "qr_tmat" in engine.kernels and fac.aggregates
+
+
+def test_a_scaled_schedule_factors_2_to_the_40_times_a_matrix_to_the_same_bits_on_the_cpu():
+    """The scale kernel's phases: V and tau the same bits, R exactly 2^40 times (fp16 products overflow unscaled)."""
+    schedule = Schedule(256, 192, (Panel(32, "rows", 256),) * 6, Precision("fp32", "fp16", "fp16"), aggregate=64)
+    assert schedule.scaled
+    a = mixed(256, 192, len(FAMILIES), seed=2)[0]
+    h1, tau1 = host_engine.geqrf(a, schedule, TARGET)
+    h2, tau2 = host_engine.geqrf(a * np.float32(2.0 ** 40), schedule, TARGET)
+    assert np.isfinite(h1).all() and np.array_equal(tau1, tau2) and np.array_equal(np.tril(h1, -1), np.tril(h2, -1))
+    assert np.array_equal(np.triu(h1) * np.float32(2.0 ** 40), np.triu(h2))
 
 
 def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
