@@ -123,16 +123,17 @@ def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
 
 
 def test_a_barrier_not_every_thread_reaches_is_an_error_on_the_cpu():
-    schedule = Schedule(128, 128, (Panel(128, "lanes", 128),))
+    schedule = LANES_SCHEDULES[1]  # 176 x 176: panels of 32 columns on six warps, warp 0 adding their sums
     spec = plan(schedule, TARGET).kernels[0]
+    assert spec.threads > 32
     code = host.source(spec, schedule, TARGET)
-    broken = code.replace("    block_barrier();\n    if (warp < PW) {", "    if (warp > 0) block_barrier();\n"
-                          "    if (warp < PW) {", 1)
+    broken = code.replace("      block_barrier();\n      if (warp == 0) {\n",
+                          "      if (warp > 0) block_barrier();\n      if (warp == 0) {\n", 1)
     assert broken != code
     kernel = host.HostKernel(spec, schedule, TARGET, code=broken)
-    a = np.ones((1, 128, 128), dtype=np.float32)
+    a = np.ones((1, schedule.m, schedule.n), dtype=np.float32)
     fac = host_engine.CpuFactorizer(schedule, target=TARGET)
-    engine = host_engine.HostKernelEngine(fac, a, np.zeros((1, 128), dtype=np.float32), TARGET)
+    engine = host_engine.HostKernelEngine(fac, a, np.zeros((1, fac.k), dtype=np.float32), TARGET)
     engine.kernels[spec.name] = kernel
     with pytest.raises(RuntimeError, match="deadlocked"):
         engine.panel(0, fac.launches[0], 0, ("h", 0), ("h", 0))
