@@ -89,13 +89,19 @@ class HostKernel:
             raise ValueError(f"{spec.name}: {why}")
         self.name, self.blocks = spec.name, spec.blocks
         code = source(spec, schedule, target) if code is None else code
-        self.fn = getattr(shared_library(spec.name, code, "cuda-host", CXX_FLAGS), f"{spec.name}__host")
+        library = shared_library(spec.name, code, "cuda-host", CXX_FLAGS)
+        self.fn = getattr(library, f"{spec.name}__host")
+        self.set_order = library.qrl_set_order
+        self.set_order.argtypes = [ctypes.c_uint]
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
                             ctypes.c_long]
 
-    def __call__(self, args, grid: int | tuple[int, int], threads: int, shared_bytes: int) -> None:
+    def __call__(self, args, grid: int | tuple[int, int], threads: int, shared_bytes: int, order: int = 0) -> None:
+        """order: 0, the threads of a group take turns in index order; else in an order drawn afresh each round
+        from this seed (templates/host/fibers.h)."""
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
+        self.set_order(order)
         shared = np.empty(max(1, self.blocks * shared_bytes // 4), dtype=np.float32)  # a group's blocks' own
         if self.fn(args.address, gx, gy, threads, shared.ctypes.data, shared_bytes // 4):
             raise RuntimeError(f"{self.name}: a block deadlocked (a barrier, warp exchange, mbarrier wait or polled "

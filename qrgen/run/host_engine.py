@@ -21,8 +21,9 @@ class HostKernelEngine(NumpyEngine):
     `target`, built for the CPU layer (a ValueError names a kernel the layer cannot run); the products stay
     NumPy's."""
 
-    def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target):
+    def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0):
         super().__init__(fac, h, tau)
+        self.order = order  # the fibers' turn order (compile/host.HostKernel): 0, or a seed
         specs = {k.name: k for k in fac.kernels}
         names = {L.kernel for L in fac.launches} | ({tmat.NAME, scale.NAME} & set(specs))
         self.kernels = {name: HostKernel(specs[name], fac.schedule, target) for name in names}
@@ -43,13 +44,13 @@ class HostKernelEngine(NumpyEngine):
                     h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
                     tree.ctypes.data, tree.shape[1], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
                     L.c0, L.v_ld, L.v_bs))
-                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, 0)
+                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, 0, self.order)
             self.log.append(("panel", index, epoch))
             return
         args = PackedArgs(PANEL_SIGNATURE, (
             h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
             self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
-        self.kernels[L.kernel](args, self.nb * L.blocks, L.threads, L.shared_bytes)
+        self.kernels[L.kernel](args, self.nb * L.blocks, L.threads, L.shared_bytes, self.order)
         self.log.append(("panel", index, epoch))
 
 
@@ -59,7 +60,7 @@ class HostKernelEngine(NumpyEngine):
         stride = self.sizes.gram
         args = PackedArgs(tmat.SIGNATURE, (self._address("gram", 0), self.tau.ctypes.data + 4 * agg.a0,
                                            self._address("tmat", 0), a, stride, self.fac.k, 1, self.nb * stride))
-        self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a))
+        self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a), self.order)
 
     def scale(self, phase):
         """Schedule.scaled's scale by the scale kernel's phases (0 and 1 in, 2 out), two blocks a matrix."""
@@ -69,7 +70,7 @@ class HostKernelEngine(NumpyEngine):
         for p in ((0, 1) if phase == 0 else (2,)):
             args = PackedArgs(scale.SIGNATURE, (h.ctypes.data, h.ctypes.data, self.amax.ctypes.data, p, self.fac.m,
                                                 self.fac.n))
-            self.kernels[scale.NAME](args, (2, self.nb), scale.THREADS, 0)
+            self.kernels[scale.NAME](args, (2, self.nb), scale.THREADS, 0, self.order)
         self.log.append(("scale", phase))
 
 
@@ -106,16 +107,17 @@ def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarra
     return q, np.triu(h[:, :n, :])
 
 
-def geqrf(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarray, np.ndarray]:
+def geqrf(a: np.ndarray, schedule, target: Target | None = None, order: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(h, tau) of a (batch, m, n) float32 array by the schedule's launch sequence, its panels the CUDA kernels for
-    `target` (default: the default CUDA target) run on the CPU."""
+    `target` (default: the default CUDA target) run on the CPU, their threads taking turns in index order (order
+    0) or in orders drawn from the seed `order`."""
     target = target or Target()
     a = np.asarray(a, dtype=np.float32)
     batch, m, n = a.shape
     fac = CpuFactorizer(schedule, target=target)
     h = a.copy()
     tau = np.zeros((batch, fac.k), dtype=np.float32)
-    engine = HostKernelEngine(fac, h, tau, target)
+    engine = HostKernelEngine(fac, h, tau, target, order)
     drive(fac, engine)
     assert not engine.held, "side-stream work left unjoined"
     return h, tau

@@ -86,11 +86,17 @@ inline void to_fiber(int i) {
 #endif
 }
 
+static unsigned order_seed = 0;  // the turn order (run_group): 0, index order
+
+// A fiber that waits for others gives them its turn; a long enough run of waits with no progress between (no
+// arrival anywhere) is a deadlock. In drawn orders a warp may sit out half the rounds, so the run is longer there.
+inline void stalled() {
+  if (++G->stall > (order_seed ? 64L : 4L) * G->threads + 64) G->deadlock = true;
+  to_main();
+}
+
 inline void wait_for(const unsigned* gen, unsigned mine) {
-  while (*gen == mine) {
-    if (++G->stall > 4L * G->threads + 64) G->deadlock = true;
-    to_main();
-  }
+  while (*gen == mine) stalled();
 }
 
 inline void tg_barrier() {
@@ -156,6 +162,18 @@ inline void start(Group& g, int i) {
 #endif
 }
 
+// The order fibers take turns in (order_seed): 0, each round in index order; else each round in a new order drawn
+// from the seed (xorshift) in which each warp sits out with probability one half, so that a group's warps and
+// blocks drift apart as the GPU's may, and a wait or barrier a kernel lacks shows.
+static int order[MAX_THREADS];
+
+inline unsigned next_random() {
+  order_seed ^= order_seed << 13;
+  order_seed ^= order_seed >> 17;
+  order_seed ^= order_seed << 5;
+  return order_seed;
+}
+
 // Runs body(closure, t) for t in [0, threads) as one threadgroup; 0, or 1 on a deadlock.
 inline int run_group(int threads, void (*body)(void*, int), void* closure) {
   static thread_local Group group;
@@ -187,9 +205,22 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
     g.done[i] = 0;
     start(g, i);
   }
+  for (int i = 0; i < threads; ++i) order[i] = i;
   while (g.finished < threads && !g.deadlock) {
-    for (int i = 0; i < threads && !g.deadlock; ++i) {
-      if (g.done[i]) continue;
+    unsigned long long out = 0;  // the warps (up to 64 of them by 64 bits) that sit this round out
+    if (order_seed) {
+      for (int i = threads - 1; i > 0; --i) {
+        const int k = (int)(next_random() % (unsigned)(i + 1));
+        const int tmp = order[i];
+        order[i] = order[k];
+        order[k] = tmp;
+      }
+      out = ((unsigned long long)next_random() << 32 | next_random());
+      if ((threads + 31) / 32 <= 64 && (~out & (~0ull >> (64 - (threads + 31) / 32))) == 0) out = 0;
+    }
+    for (int n = 0; n < threads && !g.deadlock; ++n) {
+      const int i = order[n];
+      if (g.done[i] || ((out >> ((i >> 5) & 63)) & 1ull)) continue;
       g.current = i;
       to_fiber(i);
     }
@@ -197,3 +228,6 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
   return g.deadlock ? 1 : 0;
 }
 }  // namespace qrl
+
+// The turn order of the groups that follow (qrl::order_seed): 0 for index order.
+extern "C" void qrl_set_order(unsigned seed) { qrl::order_seed = seed; }

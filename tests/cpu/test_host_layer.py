@@ -2,7 +2,8 @@
 host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence (run/host_engine.py,
 the products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
 (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
-cooperative, whole, tsqr) and the default schedules of the many-small shapes; and qrgen.qr's Q and R on each of its
+cooperative, whole, tsqr) and the default schedules of the many-small shapes, those that wait for each other in
+drawn turn orders too; and qrgen.qr's Q and R on each of its
 paths (the fused Q kernel, a keep plan, h and tau). The T kernel and the scale kernel run in the sequence too."""
 import numpy as np
 import pytest
@@ -36,9 +37,9 @@ DEFAULTS = [(4000, 16, 16), (20, 32, 32), (1000, 64, 64), (500, 128, 128), (40, 
 TALL = ("4096x64", "1000x300", "2048x96")  # lanes cases on clusters of many blocks: two matrices, not ten
 
 
-def _gates(schedule, batch=len(FAMILIES)):
+def _gates(schedule, batch=len(FAMILIES), order=0):
     a, labels = mixed(schedule.m, schedule.n, batch, seed=schedule.m + schedule.n)
-    h, tau = host_engine.geqrf(a, schedule, TARGET)
+    h, tau = host_engine.geqrf(a, schedule, TARGET, order)
     result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
     assert result.ok, f"{[l for l, p in zip(labels, result.passed) if not p]}: {result}"
 
@@ -63,6 +64,19 @@ def test_rows_whole_and_tsqr_kernels_pass_the_gates_on_the_cpu(case):
 @pytest.mark.parametrize("batch,m,n", DEFAULTS, ids=[f"{b}x{m}x{n}" for b, m, n in DEFAULTS])
 def test_the_many_small_defaults_pass_the_gates_on_the_cpu(batch, m, n):
     _gates(find(Problem(m, n, batch), TARGET)[0])
+
+
+# kernels whose warps or blocks wait for each other: in drawn turn orders (warps sitting out rounds), where a wait
+# or barrier a kernel lacked would show (a cooperative panel's flag arriving twice does)
+DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDULES[6],
+         "lanes_cluster_2048x96": LANES_SCHEDULES[10], "lanes_block_160x160": LANES_SCHEDULES[17],
+         "rows_cooperative_2048x64": OTHER_SCHEDULES["rows_cooperative_2048x64"],
+         "rows_cluster_1024x64": OTHER_SCHEDULES["rows_cluster_1024x64"]}
+
+
+@pytest.mark.parametrize("case", DRAWN)
+def test_kernels_that_wait_pass_in_drawn_turn_orders_on_the_cpu(case):
+    _gates(DRAWN[case], 2, order=12345)
 
 
 # qrgen.qr's reduced mode as the CUDA runtime forms it: the fused kernel that writes Q and R (one-panel lanes

@@ -14,8 +14,7 @@ __device__ __forceinline__ void flag_arrive(unsigned* flag) {
 __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
   const int i = qrl::G->current;
   if (qrh::polled[i] == flag && qrh::polled_value[i] == *flag) {
-    if (++qrl::G->stall > 4L * qrl::G->threads + 64) qrl::G->deadlock = true;
-    qrl::to_main();
+    qrl::stalled();
   }
   qrh::polled[i] = flag;
   qrh::polled_value[i] = *flag;

@@ -30,8 +30,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   const qrh::MBar* b = qrh::mbar(bar);
   while ((b->phase & 1u) == (parity & 1u)) {
-    if (++qrl::G->stall > 4L * qrl::G->threads + 64) qrl::G->deadlock = true;
-    qrl::to_main();
+    qrl::stalled();
   }
 }
 
