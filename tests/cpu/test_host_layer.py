@@ -3,8 +3,10 @@ host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the 
 the products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
 (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
 cooperative, whole, tsqr) and the default schedules of the many-small shapes, those that wait for each other in
-drawn turn orders too; and qrgen.qr's Q and R on each of its
+drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R on each of its
 paths (the fused Q kernel, a keep plan, h and tau). The T kernel and the scale kernel run in the sequence too."""
+import random
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,7 @@ from qrgen.run import host_engine
 from qrgen.schedule.files import find
 from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.targets import Target
+from qrgen.tune import space
 
 TARGET = Target()
 
@@ -77,6 +80,39 @@ DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDUL
 @pytest.mark.parametrize("case", DRAWN)
 def test_kernels_that_wait_pass_in_drawn_turn_orders_on_the_cpu(case):
     _gates(DRAWN[case], 2, order=12345)
+
+
+class _RandomTrial:
+    """What the tuning space's sample() asks of an optuna trial, answered at random."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def suggest_categorical(self, name, choices):
+        return self.rng.choice(list(choices))
+
+
+def _random_point(seed):
+    """A random point of the tuning space (fp32 products: the gates are the kernels', not a precision's) at a
+    random shape of up to 300 x 300, one the planner accepts and the CPU layer runs."""
+    rng = random.Random(seed)
+    while True:
+        m, n = rng.choice((16, 24, 33, 48, 64, 70, 96, 100, 128, 130, 176, 200, 256, 300)), rng.choice(
+            (8, 16, 24, 32, 40, 64, 70, 96, 128, 160, 200, 256, 300))
+        problem = Problem(m, n, len(FAMILIES))
+        params = dict(space.sample(_RandomTrial(rng), problem), gram="fp32", project="fp32", update="fp32")
+        try:
+            schedule = space.schedule_from_params(problem, params, TARGET)
+        except ValueError:
+            continue
+        if not any(host.refusal(k) for k in plan(schedule, TARGET).kernels):
+            return schedule, rng.choice((0, rng.randrange(1, 1 << 30)))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_points_of_the_tuning_space_pass_the_gates_on_the_cpu(seed):
+    schedule, order = _random_point(seed)
+    _gates(schedule, order=order)
 
 
 # qrgen.qr's reduced mode as the CUDA runtime forms it: the fused kernel that writes Q and R (one-panel lanes
