@@ -71,16 +71,16 @@ def source(spec, schedule, target) -> str:
     with layer("host"):
         text = render(spec, schedule, target).source
     return (template_dir() / "host" / "fibers.h").read_text() + text + f"""
-extern "C" int {spec.name}__host(void** args, unsigned gx, unsigned gy, unsigned threads, float* shared,
-                                 long floats) {{
-  return qrh::launch({spec.name}, args, dim3{{gx, gy, 1}}, dim3{{threads, 1, 1}}, {spec.blocks}, shared, floats);
+extern "C" int {spec.name}__host(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+                                 float* shared, long floats) {{
+  return qrh::launch({spec.name}, args, dim3{{gx, gy, gz}}, dim3{{threads, 1, 1}}, {spec.blocks}, shared, floats);
 }}
 """
 
 
 class HostKernel:
-    """A panel kernel built for the CPU layer; call(args, grid, threads, shared_bytes) runs a launch of a grid of
-    blocks (x, or (x, y))."""
+    """A kernel built for the CPU layer; call(args, grid, threads, shared_bytes) runs a launch of a grid of blocks
+    (x, or a tuple of up to three dimensions)."""
 
     def __init__(self, spec, schedule, target, code: str | None = None):
         """`code`: the source to build in place of source(spec, schedule, target) (a variant of it)."""
@@ -94,15 +94,15 @@ class HostKernel:
         self.set_order = library.qrl_set_order
         self.set_order.argtypes = [ctypes.c_uint]
         self.fn.restype = ctypes.c_int
-        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
-                            ctypes.c_long]
+        self.fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 4 + [ctypes.c_void_p, ctypes.c_long]
 
-    def __call__(self, args, grid: int | tuple[int, int], threads: int, shared_bytes: int, order: int = 0) -> None:
+    def __call__(self, args, grid: int | tuple[int, ...], threads: int, shared_bytes: int, order: int = 0) -> None:
         """order: 0, the threads of a group take turns in index order; else in an order drawn afresh each round
         from this seed (templates/host/fibers.h)."""
-        gx, gy = (grid, 1) if isinstance(grid, int) else grid
+        dims = (grid,) if isinstance(grid, int) else tuple(grid)
+        gx, gy, gz = dims + (1,) * (3 - len(dims))
         self.set_order(order)
         shared = np.empty(max(1, self.blocks * shared_bytes // 4), dtype=np.float32)  # a group's blocks' own
-        if self.fn(args.address, gx, gy, threads, shared.ctypes.data, shared_bytes // 4):
+        if self.fn(args.address, gx, gy, gz, threads, shared.ctypes.data, shared_bytes // 4):
             raise RuntimeError(f"{self.name}: a block deadlocked (a barrier, warp exchange, mbarrier wait or polled "
                                f"flag that the threads it waits for never reached or set)")

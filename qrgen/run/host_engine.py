@@ -8,7 +8,7 @@ import numpy as np
 
 from ..compile.host import HostKernel
 from ..numerics import qmatrix
-from ..plan import scale, tmat, tsqr
+from ..plan import rowsplit, scale, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from ..targets import Target
 from .launch import PackedArgs
@@ -17,16 +17,23 @@ from .sequence import drive, drive_q
 
 
 class HostKernelEngine(NumpyEngine):
-    """NumpyEngine whose panels, T of the aggregates and power-of-two scaling are the schedule's CUDA kernels for
-    `target`, built for the CPU layer (a ValueError names a kernel the layer cannot run); the products stay
-    NumPy's."""
+    """NumpyEngine whose panels, T of the aggregates, power-of-two scaling and rowsplit products are the schedule's
+    CUDA kernels for `target`, built for the CPU layer (a ValueError names a kernel the layer cannot run); the other
+    products stay NumPy's."""
 
     def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0):
         super().__init__(fac, h, tau)
         self.order = order  # the fibers' turn order (compile/host.HostKernel): 0, or a seed
         specs = {k.name: k for k in fac.kernels}
         names = {L.kernel for L in fac.launches} | ({tmat.NAME, scale.NAME} & set(specs))
+        names |= {k.name for k in specs.values() if k.variant in rowsplit.KINDS}
         self.kernels = {name: HostKernel(specs[name], fac.schedule, target) for name in names}
+        # the rowsplit products' partial sums and counters (run/workspace.Workspace's: the counters zero between
+        # launches, each launch's last block resetting its own)
+        split = [L for L in fac.launches if L.nc > 0] if fac.schedule.panel_update == "rowsplit" else []
+        self.parts = np.full((self.nb, max([rowsplit.split_rows(L.rows, L.nc, self.nb, self.sms)[0] * L.width * L.nc
+                                            for L in split] + [1])), np.nan, dtype=np.float32)
+        self.counters = np.zeros(self.nb * max([-(-L.nc // 32) for L in split] + [1]), dtype=np.uint32)
         # a cooperative panel's blocks exchange through these (run/workspace.Workspace's, the flags zero per call)
         blocks = max(L.blocks for L in fac.launches)
         self.exchange = np.full((self.nb, 2 * blocks * 64), np.nan, dtype=np.float32)
@@ -61,6 +68,27 @@ class HostKernelEngine(NumpyEngine):
         args = PackedArgs(tmat.SIGNATURE, (self._address("gram", 0), self.tau.ctypes.data + 4 * agg.a0,
                                            self._address("tmat", 0), a, stride, self.fac.k, 1, self.nb * stride))
         self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a), self.order)
+
+    def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+              precision, via):
+        """A panel's own products by the rowsplit kernels where the schedule says so (as run/cuda_engine's _split),
+        the other products in NumPy."""
+        if via != "rowsplit":
+            return super()._gemm(stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c,
+                                 ldc, sc, precision, via)
+        tiles = -(-cols // 32)
+        if stage == "project":  # W (rows = width, cols) = Z^T (width x depth) C (depth x cols)
+            splits, chunk = rowsplit.split_rows(depth, cols, self.nb, self.sms)
+            args = PackedArgs(rowsplit.PROJECT_SIGNATURE, (
+                self._address(*a), lda, sa, self._address(*b), ldb, sb, self.parts.ctypes.data, self.parts.shape[1],
+                self._address(*c), ldc, sc, self.counters.ctypes.data, depth, cols, chunk))
+            self.kernels[rowsplit.name("project", rows)](args, (tiles, splits, self.nb), rowsplit.THREADS, 0,
+                                                         self.order)
+        else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
+            args = PackedArgs(rowsplit.UPDATE_SIGNATURE, (self._address(*a), lda, sa, self._address(*b), ldb, sb,
+                                                          self._address(*c), ldc, sc, rows, cols))
+            self.kernels[rowsplit.name("update", depth)](args, (tiles, -(-rows // rowsplit.TILE), self.nb),
+                                                        rowsplit.THREADS, 0, self.order)
 
     def scale(self, phase):
         """Schedule.scaled's scale by the scale kernel's phases (0 and 1 in, 2 out), two blocks a matrix."""

@@ -1,10 +1,10 @@
 """CPU layer, CUDA: the panel kernels qrgen ships for NVIDIA GPUs, rendered over the host layer (templates/cuda/
 host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence (run/host_engine.py,
-the products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
+cuBLAS's and the tensor-core kernels' products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
 (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
 cooperative, whole, tsqr) and the default schedules of the many-small shapes, those that wait for each other in
 drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R on each of its
-paths (the fused Q kernel, a keep plan, h and tau). The T kernel and the scale kernel run in the sequence too."""
+paths (the fused Q kernel, a keep plan, h and tau). The T, scale and rowsplit kernels run in the sequence too."""
 import random
 
 import numpy as np
@@ -25,12 +25,17 @@ from qrgen.tune import space
 
 TARGET = Target()
 
-# the test schedules beside the kernel cases: rows on one block, cooperative (flags) and on a cluster; whole; tsqr
+# the test schedules beside the kernel cases: rows on one block, cooperative (flags) and on a cluster; whole; tsqr;
+# rowsplit products
 OTHER_SCHEDULES = {
     "rows_96x64": Schedule(96, 64, (Panel(32, "rows", 128), Panel(32, "rows", 128))),
     "rows_cooperative_2048x64": Schedule(2048, 64, (Panel(32, "rows", 256, 4), Panel(32, "rows", 256, 4))),
     "rows_cluster_1024x64": Schedule(1024, 64, (Panel(32, "rows", 128, 4, cluster=True),) * 2),
     "whole_64x64": Schedule(64, 64, (Panel(64, "whole", 256, slice=16),)),
+    # the panels' own products by the rowsplit kernels (partial sums over row blocks, the last block adding them)
+    "rows_rowsplit_300x200": Schedule(300, 200, (Panel(32, "rows", 256),) * 6 + (Panel(8, "rows", 256),),
+                                      panel_update="rowsplit"),
+    "warp_rowsplit_200x96": Schedule(200, 96, (Panel(16, "warp", 32),) * 6, panel_update="rowsplit", aggregate=64),
     # a tree of several levels with a ragged last tile, a width no multiple of 4, in aggregates
     "tsqr_3000x21": Schedule(3000, 21, tuple(Panel(min(8, 21 - c), "tsqr", 64, tile=128) for c in range(0, 21, 8)),
                              aggregate=16),
@@ -58,7 +63,7 @@ def test_lanes_and_cols_kernels_pass_the_gates_on_the_cpu(schedule):
 
 
 @pytest.mark.parametrize("case", OTHER_SCHEDULES)
-def test_rows_whole_and_tsqr_kernels_pass_the_gates_on_the_cpu(case):
+def test_rows_whole_tsqr_and_rowsplit_kernels_pass_the_gates_on_the_cpu(case):
     schedule = OTHER_SCHEDULES[case]
     assert {p.variant for p in schedule.panels} == {case.split("_")[0]}
     _gates(schedule)
