@@ -63,17 +63,24 @@ def refusal(spec) -> str | None:
     return None
 
 
+def cluster(spec) -> tuple[int, int, int]:
+    """The blocks of a group (the kernel's cluster, or a cooperative panel's blocks of a matrix) along x, y, z: the
+    fused products' clusters split the rows along z, the panels' blocks lie along x."""
+    return (1, 1, spec.blocks) if spec.variant == "fused" else (spec.blocks, 1, 1)
+
+
 def source(spec, schedule, target) -> str:
-    """The panel kernel's source over the host layer, with its launcher `<name>__host`."""
+    """The kernel's source over the host layer, with its launcher `<name>__host`."""
     from ..render.environment import layer
     from ..render.sources import render
 
     with layer("host"):
         text = render(spec, schedule, target).source
+    group = ", ".join(map(str, cluster(spec)))
     return (template_dir() / "host" / "fibers.h").read_text() + text + f"""
 extern "C" int {spec.name}__host(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
                                  float* shared, long floats) {{
-  return qrh::launch({spec.name}, args, dim3{{gx, gy, gz}}, dim3{{threads, 1, 1}}, {spec.blocks}, shared, floats);
+  return qrh::launch({spec.name}, args, dim3{{gx, gy, gz}}, dim3{{threads, 1, 1}}, dim3{{{group}}}, shared, floats);
 }}
 """
 

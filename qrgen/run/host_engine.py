@@ -8,7 +8,7 @@ import numpy as np
 
 from ..compile.host import HostKernel
 from ..numerics import qmatrix
-from ..plan import rowsplit, scale, tmat, tsqr
+from ..plan import fused, rowsplit, scale, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from ..targets import Target
 from .launch import PackedArgs
@@ -17,17 +17,18 @@ from .sequence import drive, drive_q
 
 
 class HostKernelEngine(NumpyEngine):
-    """NumpyEngine whose panels, T of the aggregates, power-of-two scaling and rowsplit products are the schedule's
-    CUDA kernels for `target`, built for the CPU layer (a ValueError names a kernel the layer cannot run); the other
-    products stay NumPy's."""
+    """NumpyEngine whose panels, T of the aggregates, power-of-two scaling and the panels' own products (rowsplit,
+    fused) are the schedule's CUDA kernels for `target`, built for the CPU layer (a ValueError names a kernel the
+    layer cannot run); the other products (cuBLAS's, the tensor-core kernels') stay NumPy's."""
 
     def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0):
         super().__init__(fac, h, tau)
         self.order = order  # the fibers' turn order (compile/host.HostKernel): 0, or a seed
         specs = {k.name: k for k in fac.kernels}
         names = {L.kernel for L in fac.launches} | ({tmat.NAME, scale.NAME} & set(specs))
-        names |= {k.name for k in specs.values() if k.variant in rowsplit.KINDS}
+        names |= {k.name for k in specs.values() if k.variant in rowsplit.KINDS or k.variant == "fused"}
         self.kernels = {name: HostKernel(specs[name], fac.schedule, target) for name in names}
+        self.target, self.shared = target, {name: specs[name].shared_bytes for name in names}
         # the rowsplit products' partial sums and counters (run/workspace.Workspace's: the counters zero between
         # launches, each launch's last block resetting its own)
         split = [L for L in fac.launches if L.nc > 0] if fac.schedule.panel_update == "rowsplit" else []
@@ -89,6 +90,15 @@ class HostKernelEngine(NumpyEngine):
                                                           self._address(*c), ldc, sc, rows, cols))
             self.kernels[rowsplit.name("update", depth)](args, (tiles, -(-rows // rowsplit.TILE), self.nb),
                                                         rowsplit.THREADS, 0, self.order)
+
+    def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
+        """A panel's W = Z^T C and C -= V W in one launch of the fused kernel, its clusters as run/cuda_engine's."""
+        cl = fused.cluster(self.nb, nc, rows, self.sms, fused.cluster_sizes(self.target))
+        name = fused.name(width, cl)
+        args = PackedArgs(fused.SIGNATURE, (self._address(*z), zld, zs, self._address(*v), vld, vs, self._address(*c),
+                                            self.fac.n, self.fac.m * self.fac.n, rows, nc))
+        self.kernels[name](args, (-(-nc // 32), self.nb, cl), fused.THREADS, self.shared[name], self.order)
+        self.log.append(("fused", width, rows, nc))
 
     def scale(self, phase):
         """Schedule.scaled's scale by the scale kernel's phases (0 and 1 in, 2 out), two blocks a matrix."""

@@ -4,7 +4,8 @@ cuBLAS's and the tensor-core kernels' products in NumPy), pass the gates on a ba
 (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
 cooperative, whole, tsqr) and the default schedules of the many-small shapes, those that wait for each other in
 drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R on each of its
-paths (the fused Q kernel, a keep plan, h and tau). The T, scale and rowsplit kernels run in the sequence too."""
+paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit and fused product kernels run in the
+sequence too."""
 import random
 
 import numpy as np
@@ -26,7 +27,7 @@ from qrgen.tune import space
 TARGET = Target()
 
 # the test schedules beside the kernel cases: rows on one block, cooperative (flags) and on a cluster; whole; tsqr;
-# rowsplit products
+# a panel's own products by the rowsplit and the fused kernels
 OTHER_SCHEDULES = {
     "rows_96x64": Schedule(96, 64, (Panel(32, "rows", 128), Panel(32, "rows", 128))),
     "rows_cooperative_2048x64": Schedule(2048, 64, (Panel(32, "rows", 256, 4), Panel(32, "rows", 256, 4))),
@@ -36,6 +37,9 @@ OTHER_SCHEDULES = {
     "rows_rowsplit_300x200": Schedule(300, 200, (Panel(32, "rows", 256),) * 6 + (Panel(8, "rows", 256),),
                                       panel_update="rowsplit"),
     "warp_rowsplit_200x96": Schedule(200, 96, (Panel(16, "warp", 32),) * 6, panel_update="rowsplit", aggregate=64),
+    # ... and by the fused kernel, on one block and with the rows split over clusters (along z) of 2 to 8 blocks
+    "warp_fused_200x96": Schedule(200, 96, (Panel(16, "warp", 32),) * 6, panel_update="fused", aggregate=64),
+    "rows_fused_clusters_1024x128": Schedule(1024, 128, (Panel(32, "rows", 256),) * 4, panel_update="fused"),
     # a tree of several levels with a ragged last tile, a width no multiple of 4, in aggregates
     "tsqr_3000x21": Schedule(3000, 21, tuple(Panel(min(8, 21 - c), "tsqr", 64, tile=128) for c in range(0, 21, 8)),
                              aggregate=16),
@@ -63,7 +67,7 @@ def test_lanes_and_cols_kernels_pass_the_gates_on_the_cpu(schedule):
 
 
 @pytest.mark.parametrize("case", OTHER_SCHEDULES)
-def test_rows_whole_tsqr_and_rowsplit_kernels_pass_the_gates_on_the_cpu(case):
+def test_rows_whole_tsqr_rowsplit_and_fused_kernels_pass_the_gates_on_the_cpu(case):
     schedule = OTHER_SCHEDULES[case]
     assert {p.variant for p in schedule.panels} == {case.split("_")[0]}
     _gates(schedule)

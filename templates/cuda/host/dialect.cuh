@@ -49,7 +49,7 @@ namespace qrh {
 static const int MAX_BLOCKS = 16;  // blocks of one group (a cluster's most)
 
 struct Launch {
-  dim3 grid, block, first;  // `first`: the group's first block
+  dim3 grid, block, cluster, first;  // `first`: the group's first block
   int threads, blocks;      // a block's threads; blocks in the group
   float* shared;            // the group's dynamic shared memory, `floats` a block
   long floats;
@@ -63,7 +63,11 @@ inline dim3 thread_index() {
   const unsigned t = (unsigned)(qrl::G->current % L.threads);
   return dim3{t % L.block.x, (t / L.block.x) % L.block.y, t / (L.block.x * L.block.y)};
 }
-inline dim3 block_index() { return dim3{L.first.x + (unsigned)rank(), L.first.y, L.first.z}; }
+inline dim3 block_index() {  // the fiber's block: its rank in the group, x fastest
+  const unsigned r = (unsigned)rank();
+  return dim3{L.first.x + r % L.cluster.x, L.first.y + (r / L.cluster.x) % L.cluster.y,
+              L.first.z + r / (L.cluster.x * L.cluster.y)};
+}
 
 // Shared memory windows: a bank of one object per block (a QR_SHARED_VAR site, the dynamic shared memory), so
 // that an address in one block's object maps to the same place in another block's (peer accesses, cluster.cuh).
@@ -189,26 +193,27 @@ struct Call {
   }
 };
 
-// The grid's groups of `blocks` consecutive blocks in turn, each group's threads as fibers: 0, or 1 where a group
-// deadlocked.
+// The grid's groups in turn, a group being a cluster (cluster.x x cluster.y x cluster.z blocks; 1 x 1 x 1 for a
+// block alone), each group's threads as fibers: 0, or 1 where a group deadlocked.
 template <typename... A>
-int launch(void (*kernel)(A...), void** args, dim3 grid, dim3 block, int blocks, float* shared, long floats) {
+int launch(void (*kernel)(A...), void** args, dim3 grid, dim3 block, dim3 cluster, float* shared, long floats) {
   Call<A...> call{kernel, args};
   L.grid = grid;
   L.block = block;
+  L.cluster = cluster;
   L.threads = (int)(block.x * block.y * block.z);
-  L.blocks = blocks;
+  L.blocks = (int)(cluster.x * cluster.y * cluster.z);
   L.shared = shared;
   L.floats = floats;
   window_count = 0;
-  if (floats) note_window(shared, floats * 4, blocks);
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; x += blocks) {
-        for (long i = 0; i < floats * blocks; ++i) shared[i] = __builtin_nanf("");
-        for (int r = 0; r < blocks; ++r) L.arrived[r] = 0;
+  if (floats) note_window(shared, floats * 4, L.blocks);
+  for (unsigned z = 0; z < grid.z; z += cluster.z)
+    for (unsigned y = 0; y < grid.y; y += cluster.y)
+      for (unsigned x = 0; x < grid.x; x += cluster.x) {
+        for (long i = 0; i < floats * L.blocks; ++i) shared[i] = __builtin_nanf("");
+        for (int r = 0; r < L.blocks; ++r) L.arrived[r] = 0;
         L.first = dim3{x, y, z};
-        if (qrl::run_group(L.threads * blocks, &Call<A...>::body, &call)) return 1;
+        if (qrl::run_group(L.threads * L.blocks, &Call<A...>::body, &call)) return 1;
       }
   return 0;
 }
