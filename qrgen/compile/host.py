@@ -1,7 +1,8 @@
-"""CUDA kernels on the CPU (the panels, T and scale): the same templates rendered over the host layer (templates/cuda/host/: the
-dialect and the feature headers as C++ over threads as fibers, templates/host/fibers.h), built with the host's C++
-compiler into a shared library with a launcher, and run block after block. So the kernel bodies qrgen ships for
-NVIDIA GPUs are run and checked where there is no GPU (tests/cpu/test_host_layer.py); nothing of their speed is.
+"""CUDA kernels on the CPU (panels, T, scale, the panels' own products): the same templates rendered over the host
+layer (templates/cuda/host/: the dialect and the feature headers as C++ over threads as fibers,
+templates/host/fibers.h), built with the host's C++ compiler into a shared library with a launcher, and run block
+after block. So the kernel bodies qrgen ships for NVIDIA GPUs are run and checked where there is no GPU
+(tests/cpu/test_host_layer.py); nothing of their speed is.
 
 A launch takes the kernel's arguments as the CUDA driver does (an array of pointers to the values, run/launch.
 PackedArgs) and runs the grid's groups in turn: a group is one block, or a matrix's blocks where they wait for

@@ -1,11 +1,11 @@
 """CPU layer, CUDA: the panel kernels qrgen ships for NVIDIA GPUs, rendered over the host layer (templates/cuda/
-host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence (run/host_engine.py,
-cuBLAS's and the tensor-core kernels' products in NumPy), pass the gates on a batch of every stress family with twice the margin: every panel family
-(lanes on one warp, on a block and on clusters, cols with and without clusters, rows on one block, on clusters and
-cooperative, whole, tsqr) and the default schedules of the many-small shapes, those that wait for each other in
-drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R on each of its
-paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit and fused product kernels run in the
-sequence too."""
+host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence
+(run/host_engine.py, cuBLAS's and the tensor-core kernels' products in NumPy), pass the gates on a batch of every
+stress family with twice the margin: every panel family (lanes on one warp, on a block and on clusters, cols with
+and without clusters, rows on one block, on clusters and cooperative, whole, tsqr) and the default schedules of
+the many-small shapes, those that wait for each other in drawn turn orders too, and random points of the tuning
+space; and qrgen.qr's Q and R on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale,
+rowsplit and fused product kernels run in the sequence too."""
 import random
 
 import numpy as np
