@@ -1,5 +1,5 @@
-"""CUDA kernels on the CPU (panels, T, scale, the panels' own products): the same templates rendered over the host
-layer (templates/cuda/host/: the dialect and the feature headers as C++ over threads as fibers,
+"""CUDA kernels on the CPU (every kernel a plan launches; mma.sync emulated): the same templates rendered over the
+host layer (templates/cuda/host/: the dialect and the feature headers as C++ over threads as fibers,
 templates/host/fibers.h), built with the host's C++ compiler into a shared library with a launcher, and run block
 after block. So the kernel bodies qrgen ships for NVIDIA GPUs are run and checked where there is no GPU
 (tests/cpu/test_host_layer.py); nothing of their speed is.

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..compile.host import HostKernel
 from ..numerics import qmatrix
-from ..plan import fused, rowsplit, scale, tmat, tsqr
+from ..plan import apply3, fused, rowsplit, scale, tf32x3, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from ..targets import Target
 from .launch import PackedArgs
@@ -17,16 +17,17 @@ from .sequence import drive, drive_q
 
 
 class HostKernelEngine(NumpyEngine):
-    """NumpyEngine whose panels, T of the aggregates, power-of-two scaling and the panels' own products (rowsplit,
-    fused) are the schedule's CUDA kernels for `target`, built for the CPU layer (a ValueError names a kernel the
-    layer cannot run); the other products (cuBLAS's, the tensor-core kernels') stay NumPy's."""
+    """NumpyEngine whose kernels are the schedule's CUDA kernels for `target`, built for the CPU layer (a ValueError
+    names a kernel the layer cannot run): the panels, T of the aggregates, power-of-two scaling, the panels' own
+    products (rowsplit, fused), the tf32x3 products and the aggregates' apply3 kernel (tensor-core products
+    emulated by the layer: templates/cuda/host/mma_tf32.cuh); cuBLAS's products are NumPy's."""
 
     def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0):
         super().__init__(fac, h, tau)
         self.order = order  # the fibers' turn order (compile/host.HostKernel): 0, or a seed
         specs = {k.name: k for k in fac.kernels}
         names = {L.kernel for L in fac.launches} | ({tmat.NAME, scale.NAME} & set(specs))
-        names |= {k.name for k in specs.values() if k.variant in rowsplit.KINDS or k.variant == "fused"}
+        names |= {k.name for k in specs.values() if k.variant in rowsplit.KINDS + ("fused", "tf32x3", "apply3")}
         self.kernels = {name: HostKernel(specs[name], fac.schedule, target) for name in names}
         self.target, self.shared = target, {name: specs[name].shared_bytes for name in names}
         # the rowsplit products' partial sums and counters (run/workspace.Workspace's: the counters zero between
@@ -75,8 +76,11 @@ class HostKernelEngine(NumpyEngine):
         """A panel's own products by the rowsplit kernels where the schedule says so (as run/cuda_engine's _split),
         the other products in NumPy."""
         if via != "rowsplit":
+            if precision == "tf32x3" and self._tf32x3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb,
+                                                      sb, beta, c, ldc, sc):
+                return
             return super()._gemm(stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c,
-                                 ldc, sc, precision, via)
+                                 ldc, sc, "fp32" if precision == "tf32x3" else precision, via)
         tiles = -(-cols // 32)
         if stage == "project":  # W (rows = width, cols) = Z^T (width x depth) C (depth x cols)
             splits, chunk = rowsplit.split_rows(depth, cols, self.nb, self.sms)
@@ -90,6 +94,45 @@ class HostKernelEngine(NumpyEngine):
                                                           self._address(*c), ldc, sc, rows, cols))
             self.kernels[rowsplit.name("update", depth)](args, (tiles, -(-rows // rowsplit.TILE), self.nb),
                                                         rowsplit.THREADS, 0, self.order)
+
+    def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc) -> bool:
+        """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part); False
+        where it does not (cuBLAS fp32's there, NumPy's here)."""
+        kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
+        ptrs = [self._address(*x) for x in (a, b, c)]
+        if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
+                                                                              sb, sc)):
+            return False
+        if min(rows, cols, depth) < tf32x3.MIN:
+            return False
+        if kind == "project":
+            kind = tf32x3.project_kind(rows, cols, self.nb, 0 if self.fac.schedule.lookahead else self.sms)
+        grid = tf32x3.grid(kind, rows, cols, self.nb)
+        if grid is None:
+            return False
+        cfg = tf32x3.CONFIGS[kind]
+        args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth,
+                                             alpha, beta, 1, self.nb * sc))
+        self.kernels[tf32x3.name(kind)](args, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), self.order)
+        return True
+
+    def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
+        """An aggregate's W = Z^T C and C -= V W by the apply3 kernel where run/cuda_engine's apply takes it (its
+        shared memory holds `rows`, every pointer and stride aligned); False otherwise."""
+        shared = apply3.launch_shared({k.name: k.shared_bytes for k in self.fac.kernels}, width, rows)
+        ptrs = [self._address(*x) for x in (z, v, c)]
+        if (shared is None or any(p % 16 for p in ptrs)
+                or any(x % 4 for x in (zld, zs, vld, vs, self.fac.n, rows, nc))):
+            return False
+        args = PackedArgs(apply3.SIGNATURE, (ptrs[0], zld, zs, ptrs[1], vld, vs, ptrs[2], self.fac.n,
+                                             self.fac.m * self.fac.n, rows, nc))
+        launch = (args, (-(-nc // apply3.BN), self.nb, 1), apply3.THREADS, shared, self.order)
+        if side:
+            self.held.append((self.kernels[apply3.name(width)], launch))
+        else:
+            self.kernels[apply3.name(width)](*launch)
+        self.log.append(("apply", width, rows, nc) + (("side",) if side else ()))
+        return True
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
         """A panel's W = Z^T C and C -= V W in one launch of the fused kernel, its clusters as run/cuda_engine's."""

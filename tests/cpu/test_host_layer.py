@@ -1,11 +1,11 @@
 """CPU layer, CUDA: the panel kernels qrgen ships for NVIDIA GPUs, rendered over the host layer (templates/cuda/
 host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence
-(run/host_engine.py, cuBLAS's and the tensor-core kernels' products in NumPy), pass the gates on a batch of every
-stress family with twice the margin: every panel family (lanes on one warp, on a block and on clusters, cols with
-and without clusters, rows on one block, on clusters and cooperative, whole, tsqr) and the default schedules of
-the many-small shapes, those that wait for each other in drawn turn orders too, and random points of the tuning
-space; and qrgen.qr's Q and R on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale,
-rowsplit and fused product kernels run in the sequence too."""
+(run/host_engine.py, cuBLAS's products in NumPy), pass the gates on a batch of every stress family with twice the
+margin: every panel family (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on
+one block, on clusters and cooperative, whole, tsqr) and the default schedules of the many-small shapes, those
+that wait for each other in drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R
+on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit and fused product
+kernels run in the sequence too."""
 import random
 
 import numpy as np
@@ -27,7 +27,7 @@ from qrgen.tune import space
 TARGET = Target()
 
 # the test schedules beside the kernel cases: rows on one block, cooperative (flags) and on a cluster; whole; tsqr;
-# a panel's own products by the rowsplit and the fused kernels
+# a panel's own products by the rowsplit and the fused kernels; the tf32x3 and apply3 product kernels
 OTHER_SCHEDULES = {
     "rows_96x64": Schedule(96, 64, (Panel(32, "rows", 128), Panel(32, "rows", 128))),
     "rows_cooperative_2048x64": Schedule(2048, 64, (Panel(32, "rows", 256, 4), Panel(32, "rows", 256, 4))),
@@ -40,6 +40,10 @@ OTHER_SCHEDULES = {
     # ... and by the fused kernel, on one block and with the rows split over clusters (along z) of 2 to 8 blocks
     "warp_fused_200x96": Schedule(200, 96, (Panel(16, "warp", 32),) * 6, panel_update="fused", aggregate=64),
     "rows_fused_clusters_1024x128": Schedule(1024, 128, (Panel(32, "rows", 256),) * 4, panel_update="fused"),
+    # the aggregates' products by the tf32x3 kernels and the apply3 kernel (tensor-core products on the layer)
+    "rows_tf32x3_apply3_192x160": Schedule(192, 160, (Panel(32, "rows", 256),) * 5,
+                                           Precision("fp32", "tf32x3", "tf32x3"), aggregate=64,
+                                           aggregate_update="fused"),
     # a tree of several levels with a ragged last tile, a width no multiple of 4, in aggregates
     "tsqr_3000x21": Schedule(3000, 21, tuple(Panel(min(8, 21 - c), "tsqr", 64, tile=128) for c in range(0, 21, 8)),
                              aggregate=16),
@@ -171,6 +175,29 @@ def test_a_scaled_schedule_factors_2_to_the_40_times_a_matrix_to_the_same_bits_o
     h2, tau2 = host_engine.geqrf(a * np.float32(2.0 ** 40), schedule, TARGET)
     assert np.isfinite(h1).all() and np.array_equal(tau1, tau2) and np.array_equal(np.tril(h1, -1), np.tril(h2, -1))
     assert np.array_equal(np.triu(h1) * np.float32(2.0 ** 40), np.triu(h2))
+
+
+@pytest.mark.parametrize("kind", ["project", "project64", "update", "gram"])
+def test_the_tf32x3_products_are_fp32_accurate_on_the_cpu(kind):
+    """One tile's product by the tf32x3 kernel, its mma.sync tiles emulated by the layer: within fp32's error of
+    float64 (one tf32 product alone would be a thousand times off); G's upper tiles where the kernel is the Gram
+    matrix's (V^T V: A and B the same)."""
+    from qrgen.plan import tf32x3
+    from qrgen.run.launch import PackedArgs
+
+    rng = np.random.default_rng(0)
+    rows, cols, depth = (128, 128, 96) if kind == "gram" else (128, 64, 96)
+    a = rng.standard_normal((depth, rows) if kind == "update" else (rows, depth), dtype=np.float32)
+    b = a if kind == "gram" else rng.standard_normal((depth, cols), dtype=np.float32)
+    want = (a.T if kind == "update" else a).astype(np.float64) @ (b.T if kind == "gram" else b)
+    c = np.zeros((rows, cols), dtype=np.float32)
+    args = PackedArgs(tf32x3.SIGNATURE, (a.ctypes.data, a.shape[1], a.size, b.ctypes.data, b.shape[1], b.size,
+                                         c.ctypes.data, cols, c.size, rows, cols, depth, 1.0, 0.0, 1, c.size))
+    config = tf32x3.CONFIGS[kind]
+    host.HostKernel(tf32x3.kernel(kind), None, TARGET)(args, tf32x3.grid(kind, rows, cols, 1),
+                                                       tf32x3.threads(config), tf32x3.shared_bytes(config))
+    got, want = (np.triu(c), np.triu(want)) if kind == "gram" else (c, want)
+    assert np.abs(got - want).max() <= 4 * np.finfo(np.float32).eps * np.abs(want).max() * np.sqrt(depth)
 
 
 def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
