@@ -1,8 +1,6 @@
-"""The launch sequence with the CUDA panel kernels themselves run on the CPU (compile/host.py) and everything else
-as the NumPy engine computes it: the kernels' own code checked without a GPU, against the gates and the reference."""
+"""The launch sequence with the CUDA kernels themselves run on the CPU (compile/host.py) and cuBLAS's products as
+the NumPy engine computes them: the kernels' own code checked without a GPU, against the gates and the reference."""
 from __future__ import annotations
-
-import ctypes
 
 import numpy as np
 
@@ -189,7 +187,7 @@ def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarra
 
 
 def geqrf(a: np.ndarray, schedule, target: Target | None = None, order: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(h, tau) of a (batch, m, n) float32 array by the schedule's launch sequence, its panels the CUDA kernels for
+    """(h, tau) of a (batch, m, n) float32 array by the schedule's launch sequence, its kernels the CUDA kernels for
     `target` (default: the default CUDA target) run on the CPU, their threads taking turns in index order (order
     0) or in orders drawn from the seed `order`."""
     target = target or Target()
