@@ -58,10 +58,13 @@ def kernels(schedule, aggs, target) -> list[KernelSpec]:
             for w, r in sorted(most.items())]
 
 
-def launch_shared(shared_by_name: dict, width: int, rows: int) -> int | None:
+def launch_shared(shared_by_name: dict, width: int, rows: int, addresses=(), strides=()) -> int | None:
     """A launch's dynamic shared memory for an aggregate of `width` columns over `rows` rows, where the plan (its
-    kernels' shared memory by name) has the kernel for `width` and it was sized for those rows; None otherwise (the
-    engines then run the two GEMMs)."""
+    kernels' shared memory by name) has the kernel for `width` and it was sized for those rows, and every operand
+    address given is 16-byte aligned and every stride (and dimension) given a multiple of 4 floats; None otherwise
+    (the engines then run the two GEMMs)."""
+    if any(a % 16 for a in addresses) or any(v % 4 for v in strides):
+        return None
     shared = shared_bytes(width, rows)
     return shared if shared <= shared_by_name.get(name(width), -1) else None
 

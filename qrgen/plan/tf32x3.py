@@ -94,6 +94,23 @@ def project_kind(rows: int, cols: int = 0, matrices: int = 0, sms: int = 0) -> s
     return "project"
 
 
+def route(trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int, addresses, strides, matrices: int,
+          sms: int) -> tuple[str, tuple[int, int, int]] | None:
+    """(kernel kind, grid) of a product op(A) op(B) that a tf32x3 kernel takes: A B (the projection's layout), A^T
+    B (the update's) or A B^T (the Gram matrix's), every operand address 16-byte aligned, every dimension and
+    stride (leading dimensions, batch strides) a multiple of 4 floats, no dimension below MIN, a grid within
+    CUDA's limits; None otherwise (the engines' fp32 product then). sms: project_kind's (0 beside a lookahead)."""
+    kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
+    if kind is None or any(a % 16 for a in addresses) or any(v % 4 for v in (rows, cols, depth, *strides)):
+        return None
+    if min(rows, cols, depth) < MIN:  # a panel's thin products: cuBLAS splits them better
+        return None
+    if kind == "project":  # small grids on 64-row tiles, except beside a lookahead's side stream
+        kind = project_kind(rows, cols, matrices, sms)
+    out = grid(kind, rows, cols, matrices)
+    return None if out is None else (kind, out)
+
+
 def project_kinds(rows: int) -> set[str]:
     """The kernels a projection of `rows` rows may take (project_kind, whatever its columns and batch): those of
     the largest grid and of the smallest."""

@@ -191,19 +191,12 @@ class CudaEngine:
         A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
         dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise.
         parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_parts, with beta 0)."""
-        kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
-        if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
-                                                                              sb, sc)):
+        route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb * parts,
+                             0 if self.fac.schedule.lookahead else self.ws.sms)
+        if route is None:
             return False
-        if min(rows, cols, depth) < tf32x3.MIN:  # a panel's thin products: cuBLAS splits them better
-            return False
-        if kind == "project":  # small grids on 64-row tiles, except beside a lookahead's side stream
-            sms = 0 if self.fac.schedule.lookahead else self.ws.sms
-            kind = tf32x3.project_kind(rows, cols, self.nb * parts, sms)
-        grid = tf32x3.grid(kind, rows, cols, self.nb * parts)
-        if grid is None:
-            return False
+        kind, grid = route
         cfg = tf32x3.CONFIGS[kind]
         _, func = self.funcs[tf32x3.name(kind)]
         self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
@@ -230,10 +223,10 @@ class CudaEngine:
         kernel (timed as the stage "project"), where the plan has one for `width` whose shared memory holds `rows`
         and every pointer is 16-byte aligned and every dimension and stride a multiple of 4 floats; False (nothing
         launched) otherwise."""
-        shared = apply3.launch_shared(self.fac.shared_bytes, width, rows)
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (z, v, c)]
-        if (shared is None or any(p % 16 for p in ptrs)
-                or any(x % 4 for x in (zld, zs, vld, vs, self.fac.n, rows, nc))):
+        shared = apply3.launch_shared(self.fac.shared_bytes, width, rows, ptrs,
+                                      (zld, zs, vld, vs, self.fac.n, rows, nc))
+        if shared is None:
             return False
         stop = self._mark("project", None)
         _, func = self.funcs[apply3.name(width)]

@@ -96,18 +96,12 @@ class HostKernelEngine(NumpyEngine):
     def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc) -> bool:
         """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part); False
         where it does not (cuBLAS fp32's there, NumPy's here)."""
-        kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
         ptrs = [self._address(*x) for x in (a, b, c)]
-        if kind is None or any(p % 16 for p in ptrs) or any(v % 4 for v in (rows, cols, depth, lda, ldb, ldc, sa,
-                                                                              sb, sc)):
+        route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb,
+                             0 if self.fac.schedule.lookahead else self.sms)
+        if route is None:
             return False
-        if min(rows, cols, depth) < tf32x3.MIN:
-            return False
-        if kind == "project":
-            kind = tf32x3.project_kind(rows, cols, self.nb, 0 if self.fac.schedule.lookahead else self.sms)
-        grid = tf32x3.grid(kind, rows, cols, self.nb)
-        if grid is None:
-            return False
+        kind, grid = route
         cfg = tf32x3.CONFIGS[kind]
         args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth,
                                              alpha, beta, 1, self.nb * sc))
@@ -117,10 +111,10 @@ class HostKernelEngine(NumpyEngine):
     def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
         """An aggregate's W = Z^T C and C -= V W by the apply3 kernel where run/cuda_engine's apply takes it (its
         shared memory holds `rows`, every pointer and stride aligned); False otherwise."""
-        shared = apply3.launch_shared({k.name: k.shared_bytes for k in self.fac.kernels}, width, rows)
         ptrs = [self._address(*x) for x in (z, v, c)]
-        if (shared is None or any(p % 16 for p in ptrs)
-                or any(x % 4 for x in (zld, zs, vld, vs, self.fac.n, rows, nc))):
+        shared = apply3.launch_shared({k.name: k.shared_bytes for k in self.fac.kernels}, width, rows, ptrs,
+                                      (zld, zs, vld, vs, self.fac.n, rows, nc))
+        if shared is None:
             return False
         args = PackedArgs(apply3.SIGNATURE, (ptrs[0], zld, zs, ptrs[1], vld, vs, ptrs[2], self.fac.n,
                                              self.fac.m * self.fac.n, rows, nc))
@@ -161,9 +155,9 @@ def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarra
     target = target or Target()
     a = np.ascontiguousarray(a, dtype=np.float32)
     batch, m, n = a.shape
-    fused = next((k for k in CpuFactorizer(schedule, target=target).kernels if k.formq), None)
+    fac = CpuFactorizer(schedule, target=target)
+    fused = next((k for k in fac.kernels if k.formq), None)
     if fused is not None:  # the launch of run/factorizer.launch_qr: R where h goes, Q where (VT)^T goes
-        fac = CpuFactorizer(schedule, target=target)
         L = fac.launches[0]
         q, r = np.full((batch, m, n), np.nan, dtype=np.float32), np.full((batch, n, n), np.nan, dtype=np.float32)
         args = PackedArgs(PANEL_SIGNATURE, (a.ctypes.data, r.ctypes.data, 0, 0, q.ctypes.data, 0, 0, 0, 0, L.rows,

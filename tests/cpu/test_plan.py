@@ -349,3 +349,27 @@ def test_t_kernel_and_aggregates_fit_the_target(arch, most):
     if most < 128:
         with pytest.raises(ValueError, match="T kernel takes at most 64"):
             check(wide, Target("cuda", arch))
+
+
+def test_the_engines_route_a_product_to_the_tf32x3_and_apply3_kernels_by_one_rule():
+    from qrgen.plan import apply3, tf32x3
+
+    strides = (128, 128, 128, 128 * 256, 128 * 256, 128 * 128)
+    assert tf32x3.route(False, False, 128, 128, 256, (0, 64, 128), strides, 40, 132) == (
+        tf32x3.project_kind(128, 128, 40, 132), tf32x3.grid(tf32x3.project_kind(128, 128, 40, 132), 128, 128, 40))
+    assert tf32x3.route(True, False, 128, 128, 256, (0, 64, 128), strides, 40, 132)[0] == "update"
+    assert tf32x3.route(False, True, 128, 128, 256, (0, 64, 128), strides, 40, 132)[0] == "gram"
+    assert tf32x3.route(True, True, 128, 128, 256, (0, 64, 128), strides, 40, 132) is None  # no such kernel
+    assert tf32x3.route(False, False, 128, 128, 256, (0, 68, 128), strides, 40, 132) is None  # misaligned
+    assert tf32x3.route(False, False, 128, 128, 256, (0, 64, 128), (130,) + strides[1:], 40, 132) is None
+    assert tf32x3.route(False, False, 32, 128, 256, (0, 64, 128), strides, 40, 132) is None  # thin: cuBLAS
+    target = Target()
+    spec = apply3.kernels(Schedule(512, 512, (Panel(32, "rows", 256),) * 16, Precision("fp32", "tf32x3", "tf32x3"),
+                                   aggregate=64, aggregate_update="fused"),
+                          plan(Schedule(512, 512, (Panel(32, "rows", 256),) * 16, aggregate=64), target).aggregates,
+                          target)[0]
+    shared = {spec.name: spec.shared_bytes}
+    aligned = apply3.launch_shared(shared, 64, 448, (0, 16, 32), (64, 64, 64, 64, 512, 448, 448))
+    assert aligned == apply3.launch_shared(shared, 64, 448) is not None
+    assert apply3.launch_shared(shared, 64, 448, (0, 20, 32), (64, 64, 64, 64, 512, 448, 448)) is None
+    assert apply3.launch_shared(shared, 64, 448, (0, 16, 32), (64, 64, 64, 64, 512, 448, 446)) is None
