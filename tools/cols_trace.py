@@ -120,7 +120,7 @@ def run(batch: int, n: int, slice_: int, variant: str, trace: bool, blocks: int 
 
     def launch(x):
         fn((batch * blocks,), (threads,), (x, h, tau, none, none, none, flags, np.uint32(0), np.int32(0), np.int32(m),
-                                  np.int32(m), np.int64(0)), shared_mem=smem)
+                                  np.int32(m), np.int64(0), np.int32(batch)), shared_mem=smem)
 
     launch(a)
     flush = cupy.empty(64 * 1024 * 1024, cupy.float32)

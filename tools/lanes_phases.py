@@ -105,9 +105,9 @@ def phases(case, target: Target) -> str:
     h, tau = a.copy(), cupy.empty((batch, WIDTH), cupy.float32)
     unused, flags = cupy.zeros(16, cupy.float32), cupy.zeros(batch, cupy.uint32)
     # the panel kernels' parameters (qrgen.plan.family.PANEL_SIGNATURE): src, h, tau, vt, zt, exchange, flags,
-    # epoch, c0, rows, vld, vbs
+    # epoch, c0, rows, vld, vbs, nb
     args = (h, h, tau, unused, unused, unused, flags, np.uint32(0), np.int32(0), np.int32(rows), np.int32(rows),
-            np.int64(0))
+            np.int64(0), np.int32(batch))
     start, stop, times = cupy.cuda.Event(), cupy.cuda.Event(), []
     for i in range(13):
         h[...] = a

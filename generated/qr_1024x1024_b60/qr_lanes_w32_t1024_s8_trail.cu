@@ -58,6 +58,9 @@ __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl
 __device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
   return __shfl_xor_sync(QR_FULL_MASK, v, mask);
 }
+// v of lane `lane` of this lane's segment of W lanes (W a power of two: the warp as 32 / W independent groups).
+template <int W>
+__device__ __forceinline__ float segment_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane, W); }
 
 // Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
 // of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
@@ -405,9 +408,13 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 // blocks' sums. With FORMQ (one panel, one block, nothing right of it: qr's reduced mode) the kernel writes R
 // (NB x NB, zero below the diagonal) where h is given and Q (M x NB) where zt is given, Q = I - V T V1^T (V1 the
 // top NB rows of V), instead of h and tau; on one warp (BACKWARD_Q) Q's columns come from the reflectors applied
-// to the identity's, last to first, each lane its own column, with no G or T. The alternatives measured and not
-// taken are in BENCHMARKS.md.
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
+// to the identity's, last to first, each lane its own column, with no G or T. With PACK > 1 (one warp, at most 16
+// columns, nothing right of the panel) the warp holds PACK matrices, one to each segment of SEG = 32 / PACK lanes:
+// lane c of a segment owns column c of its matrix and every shuffle stays inside the segment, so the lanes past NB
+// that a narrow panel leaves idle factor other matrices; a segment past the batch's last matrix loads zeros and
+// stores nothing. The alternatives measured and not taken are in BENCHMARKS.md.
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ,
+          int PACK>
 struct LanesPanel {
   static constexpr int WARPS = THREADS / 32;
   static constexpr int RB = WARPS * SLOTS;  // rows per block
@@ -423,6 +430,8 @@ struct LanesPanel {
   // reflectors to the identity's columns backwards instead (each lane its own column: no G, no T, no barrier).
   static constexpr bool GRAM = TRAIL || (FORMQ && !UNROLL);
   static constexpr bool BACKWARD_Q = FORMQ && UNROLL;
+  static constexpr int SEG = 32 / PACK;  // lanes per matrix
+  static_assert(PACK == 1 || (UNROLL && !GRAM && NB <= SEG && SEG * PACK == 32), "packed: one warp, narrow, no G");
 
   struct Shared {
     float red[2][WARPS][32];
@@ -432,7 +441,7 @@ struct LanesPanel {
     float cf[2][3][32];
     float gram[NB][NB + 1];
     float tmat[NB][NB + 1];
-    float tau[NB];
+    float tau[PACK][NB];  // by segment
     float vtop[FORMQ ? NB : 1][NB + 1];  // FORMQ: V's top NB rows (unit lower triangular)
     // Clusters: by parity of the column, every block's sums and then the pivot row, pushed here by st.async, and
     // the mbarrier their bytes complete on.
@@ -444,6 +453,8 @@ struct LanesPanel {
   int c0, mp, vld;
   long long vbs;
   int t, lane, warp, b, g, row0;
+  int seg, col;  // this lane's segment (PACK > 1; else 0) and column (lane - seg * SEG)
+  bool live;  // its matrix is one of the batch's (a packed warp's last segments may lie past it)
   float x[SLOTS];
   float taus[BACKWARD_Q ? NB : 1];  // every reflector's tau, in every lane
   // This lane's reflector scale: its column below the diagonal stays unscaled until the loop over columns ends
@@ -459,6 +470,15 @@ struct LanesPanel {
     }
   }
 
+  // v of column j's lane (of this lane's segment).
+  __device__ __forceinline__ float bcast(float v, int j) {
+    if constexpr (PACK == 1) {
+      return warp_shuffle(v, j);
+    } else {
+      return segment_shuffle<SEG>(v, j);
+    }
+  }
+
   // Column j (UNROLL: a constant).
   __device__ __forceinline__ void column(int j) {
     float v[SLOTS];
@@ -471,7 +491,7 @@ struct LanesPanel {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         if (s > j) {
-          v[s] = warp_shuffle(x[s], j);
+          v[s] = bcast(x[s], j);
           p[s & 3] = fmaf(v[s], x[s], p[s & 3]);
         } else {
           v[s] = 0.0f;
@@ -526,8 +546,8 @@ struct LanesPanel {
       for (int q = 0; q < BLOCKS; ++q) tot += sm.xr[buf][q][lane];
       pv = sm.xr[buf][BLOCKS][lane];
     }
-    const bool me = lane == j;
-    const bool right = lane > j && lane < NB;
+    const bool me = col == j;
+    const bool right = col > j && col < NB;
     float ws, at;  // w times the reflector's scale (w = (v_j . column) tau); the entry in row j
     if constexpr (!CLUSTER && WARPS > 1) {
       // Warp 0 adds the warps' partial dots once (every warp adding all WARPS of them takes WARPS^2 shared loads
@@ -556,7 +576,7 @@ struct LanesPanel {
         if constexpr (GRAM) {
           if (lane < j) sm.gram[lane][j] = d * own;
         }
-        if (lane == 0) sm.tau[j] = f.tau;
+        if (lane == 0) sm.tau[0][j] = f.tau;
         const float w = right ? f.tau * d : 0.0f;
         sm.cf[buf][0][lane] = w * f.scale;
         sm.cf[buf][1][lane] = me ? f.beta : (right ? p0 - w : 0.0f);
@@ -567,15 +587,15 @@ struct LanesPanel {
       at = sm.cf[buf][1][lane];
       if (me) own = sm.cf[buf][2][lane];
     } else {
-      const float sigma = warp_shuffle(tot, j);
-      const float alpha = warp_shuffle(pv, j);
+      const float sigma = bcast(tot, j);
+      const float alpha = bcast(pv, j);
       const Reflector f = make_reflector<UNROLL>(alpha, sigma);
       if constexpr (GRAM) {
         // G[c][j] = v_c . v_j for c < j: v_j is 1 in row j and scale * (column j) below it, where column c holds
         // v_c, still unscaled below row c: times its own scale.
-        if (warp == 0 && lane < j) sm.gram[lane][j] = fmaf(f.scale, tot, pv) * own;
+        if (warp == 0 && col < j) sm.gram[col][j] = fmaf(f.scale, tot, pv) * own;
       }
-      if (t == 0) sm.tau[j] = f.tau;
+      if (t == seg * SEG) sm.tau[seg][j] = f.tau;
       if constexpr (BACKWARD_Q) taus[j] = f.tau;
       if (me) own = f.scale;
       const float w = right ? f.tau * fmaf(f.scale, tot, pv) : 0.0f;
@@ -611,9 +631,9 @@ struct LanesPanel {
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
                                       float* __restrict__ vt, float* __restrict__ zt) {
     // src is h itself, or for a one-panel schedule the caller's input, so no copy precedes the kernel.
-    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + lane;
-    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + lane;
-    const bool mine = lane < NB;
+    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + col;
+    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + col;
+    const bool mine = live && col < NB;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = row0 + s;
@@ -628,12 +648,12 @@ struct LanesPanel {
 #pragma unroll COLUMN_UNROLL
       for (int j = 0; j < NB; ++j) column(j);
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) x[s] = s > lane ? x[s] * own : x[s];
+      for (int s = 0; s < SLOTS; ++s) x[s] = s > col ? x[s] * own : x[s];
     } else {
 #pragma unroll 1
       for (int j = 0; j < NB; ++j) column(j);
 #pragma unroll
-      for (int s = 0; s < SLOTS; ++s) x[s] = row0 + s > lane ? x[s] * own : x[s];
+      for (int s = 0; s < SLOTS; ++s) x[s] = row0 + s > col ? x[s] * own : x[s];
     }
     if constexpr (CLUSTER) {
       cluster_sync();  // no block leaves while another reads its shared memory; tau (and G) complete
@@ -642,25 +662,25 @@ struct LanesPanel {
     }
 
     if constexpr (FORMQ) {  // R (batch, NB, NB) where h is given; no tau
-      float* rb = h + (size_t)b * NB * NB + lane;
+      float* rb = h + (size_t)b * NB * NB + col;
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s;
-        if (mine && r < NB) rb[(size_t)r * NB] = r <= lane ? x[s] : 0.0f;
+        if (mine && r < NB) rb[(size_t)r * NB] = r <= col ? x[s] : 0.0f;
       }
       if constexpr (BACKWARD_Q) {
         // Column c of Q = H_0 ... H_{NB-1} e_c, the reflectors applied last to first: v_j (1 in row j, lane j's
         // entries below it) broadcast as the factorization broadcast column j, the dot with the lane's column local.
         float q[SLOTS];
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s) q[s] = s == lane ? 1.0f : 0.0f;
+        for (int s = 0; s < SLOTS; ++s) q[s] = s == col ? 1.0f : 0.0f;
 #pragma unroll COLUMN_UNROLL
         for (int j = NB - 1; j >= 0; --j) {
           float v[SLOTS];
           float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
           for (int s = j + 1; s < SLOTS; ++s) {
-            v[s] = warp_shuffle(x[s], j);
+            v[s] = bcast(x[s], j);
             p[s & 3] = fmaf(v[s], q[s], p[s & 3]);
           }
           const float w = taus[j] * (q[j] + ((p[0] + p[1]) + (p[2] + p[3])));
@@ -668,14 +688,14 @@ struct LanesPanel {
 #pragma unroll
           for (int s = j + 1; s < SLOTS; ++s) q[s] = fmaf(-w, v[s], q[s]);
         }
-        float* qb = zt + (size_t)b * M * NB + lane;
+        float* qb = zt + (size_t)b * M * NB + col;
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           if (mine && s < mp) qb[(size_t)s * NB] = q[s];
         }
       }
     } else {
-      if (g == 0 && t < NB) tau[(size_t)b * K + c0 + t] = sm.tau[t];
+      if (g == 0 && mine && warp == 0) tau[(size_t)b * K + c0 + col] = sm.tau[seg][col];
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = row0 + s;
@@ -685,7 +705,7 @@ struct LanesPanel {
     if constexpr (GRAM) {
       // T of the compact WY form (LAPACK slarft, forward, columnwise): thread t builds row t from G alone.
       if (t < NB) {
-        t_row<NB, NB + 1>(t, &sm.gram[0][0], sm.tau, NB, static_cast<volatile float*>(&sm.tmat[t][0]));
+        t_row<NB, NB + 1>(t, &sm.gram[0][0], sm.tau[0], NB, static_cast<volatile float*>(&sm.tmat[t][0]));
       }
       sync();
       // V^T (lane c writes v_c) and (V T)^T: column i of V T is sum_{k <= i} v_k T[k][i], v_k broadcast from lane k.
@@ -734,22 +754,25 @@ struct LanesPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ>
+template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, bool FORMQ,
+          int PACK>
 __device__ __forceinline__ void panel_lanes(const float* __restrict__ src, float* __restrict__ h,
                                             float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
-                                            int c0, int mp, int vld, long long vbs) {
-  using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ>;
+                                            int c0, int mp, int vld, long long vbs, int nb) {
+  using P = LanesPanel<M, N, K, SLOTS, NB, THREADS, TRAIL, BLOCKS, CLUSTER, FORMQ, PACK>;
   QR_SHARED_VAR(sm, typename P::Shared);
   const int t = threadIdx.x;
-  const int b = blockIdx.x / BLOCKS;
-  const int g = blockIdx.x - b * BLOCKS;
-  P panel{sm, c0, mp, vld, vbs, t, t & 31, t >> 5, b, g, P::UNROLL ? 0 : g * P::RB + (t >> 5) * SLOTS};
+  const int seg = PACK == 1 ? 0 : (t & 31) / P::SEG;
+  const int b = PACK == 1 ? blockIdx.x / BLOCKS : blockIdx.x * PACK + seg;
+  const int g = PACK == 1 ? blockIdx.x - b * BLOCKS : 0;
+  P panel{sm, c0, mp, vld, vbs, t, t & 31, t >> 5, b, g, P::UNROLL ? 0 : g * P::RB + (t >> 5) * SLOTS,
+          seg, (t & 31) - seg * P::SEG, PACK == 1 || b < nb};
   panel.run(src, h, tau, vt, zt);
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 1)
 qr_lanes_w32_t1024_s8_trail(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
-    float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
-  panel_lanes<1024, 1024, 1024, 8, 32, 1024, true, 1, false, false>(
-      src, h, tau, vt, zt, c0, mp, vld, vbs);
+    float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
+  panel_lanes<1024, 1024, 1024, 8, 32, 1024, true, 1, false, false, 1>(
+      src, h, tau, vt, zt, c0, mp, vld, vbs, nb);
 }

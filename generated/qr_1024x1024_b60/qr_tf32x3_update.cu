@@ -69,6 +69,9 @@ __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl
 __device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
   return __shfl_xor_sync(QR_FULL_MASK, v, mask);
 }
+// v of lane `lane` of this lane's segment of W lanes (W a power of two: the warp as 32 / W independent groups).
+template <int W>
+__device__ __forceinline__ float segment_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane, W); }
 
 // Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
 // of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).

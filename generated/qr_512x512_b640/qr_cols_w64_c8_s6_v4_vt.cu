@@ -58,6 +58,9 @@ __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl
 __device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
   return __shfl_xor_sync(QR_FULL_MASK, v, mask);
 }
+// v of lane `lane` of this lane's segment of W lanes (W a power of two: the warp as 32 / W independent groups).
+template <int W>
+__device__ __forceinline__ float segment_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane, W); }
 
 // Warp reductions by butterfly (offsets 16, 8, 4, 2, 1), every lane ending with the result: the sum of v, the sums
 // of v[0..N) each (the N values' shuffles interleaved at each offset), the maximum of v (fmaxf: NaN passed over).
@@ -659,7 +662,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 qr_cols_w64_c8_s6_v4_vt(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
-    float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs) {
+    float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
   panel_cols<512, 512, 512, 6, 64, 8, 4, 0, true, false, 1>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

@@ -33,8 +33,22 @@ PRECISION_CODE = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}
 
 # Launch parameters by code: P a device pointer, I int, L long long, U unsigned, F float.
 SIGNATURE_CODES = "PILUF"
-# Every panel kernel but tsqr's (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs.
-PANEL_SIGNATURE = "PPPPPPPUIIIL"
+# Every panel kernel but tsqr's (templates/cuda/qr.cu.j2): src, h, tau, vt, zt, xch, flags, epoch, c0, mp, vld, vbs,
+# nb (the matrices of the launch: run/launch.launch_panel sets it, with the grid, from its batch).
+PANEL_SIGNATURE = "PPPPPPPUIIILI"
+PANEL_BATCH_ARG = len(PANEL_SIGNATURE) - 1
+
+
+def panel_pack(panel, trail: bool, target) -> int:
+    """Matrices one block of the panel's kernel factors: its family's pack(panel, trail) where it has one (CUDA's
+    lanes), else 1."""
+    fam = panel_family(panel.variant)
+    return fam.pack(panel, trail) if hasattr(fam, "pack") and not target.record.families else 1
+
+
+def panel_grid(launch, batch: int) -> int:
+    """Blocks of a panel launch for `batch` matrices: launch.blocks a matrix, or one for launch.pack matrices."""
+    return -(-batch // launch.pack) * launch.blocks
 
 
 def panel_family(variant: str):

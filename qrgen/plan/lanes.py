@@ -1,9 +1,10 @@
 """Panel family "lanes": one block per matrix (or, with cluster=True, 2 or more blocks of one cluster sharing the
 rows); lane c of every warp owns column c, the warps own consecutive row ranges (templates/cuda/panel_lanes.cuh).
-The loop over columns is not unrolled, except on one warp (threads=32, blocks=1), where every row is a constant.
-A lanes panel that is its matrix's last may be wider (templates/cuda/panel_lanes_wide.cuh): up to 64 columns on
-one warp, lane c owning columns c and 32 + c, or up to 128 on a warp for each 32 columns, lane c of warp w owning
-column 32w + c; either way a lane holds every row of its columns."""
+The loop over columns is not unrolled, except on one warp (threads=32, blocks=1), where every row is a constant;
+there a panel of at most 16 columns that is its matrix's last holds several matrices a warp (pack). A lanes panel
+that is its matrix's last may be wider (templates/cuda/panel_lanes_wide.cuh): up to 64 columns on one warp, lane c
+owning columns c and 32 + c (its column loop rolled with Panel.loop, else unrolled by two), or up to 128 on a warp
+for each 32 columns, lane c of warp w owning column 32w + c; either way a lane holds every row of its columns."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
 VARIANT = "lanes"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
-LOOP = False
+LOOP = True  # Panel.loop: on one warp past 32 columns (LanesWide), the column loop rolled, not unrolled by two
 CLUSTER = True
 REG_OVERHEAD = 24
 WIDE_MAX = 64  # columns of a lanes panel on one warp, two a lane (templates/cuda/panel_lanes_wide.cuh) ...
@@ -36,6 +37,10 @@ def check(panel) -> None:
     wide = panel.width > 32 and panel.blocks == 1 and (
         (panel.threads == 32 and panel.width <= WIDE_MAX)
         or (panel.threads == 32 * math.ceil(panel.width / 32) and panel.width <= BLOCK_MAX))
+    if panel.loop and not (wide and panel.threads == 32):
+        raise ValueError(f"Panel.loop applies to a lanes panel past 32 columns on one warp (the column loop rolled "
+                         f"rather than unrolled by two); got width {panel.width} on {panel.threads} threads x "
+                         f"{panel.blocks} block(s)")
     if panel.width > 32 and not wide:
         raise ValueError(f"Panel.width must be at most 32 for variant 'lanes', or up to {WIDE_MAX} on one warp "
                          f"(threads=32), or up to {BLOCK_MAX} on a warp for each 32 columns (threads = 32 x "
@@ -91,8 +96,18 @@ def features(panel) -> tuple[str, ...]:
     return (CLUSTERS, MBARRIER) if panel.cluster else ()
 
 
+def pack(panel, trail: bool) -> int:
+    """Matrices a block factors: on one warp, a panel of at most 16 columns with nothing right of it (no G, T or
+    V^T) takes a segment of 32 / pack lanes (a power of two at least its width) a matrix, so the lanes a narrow
+    panel would leave idle factor other matrices (docs/decisions.md#lanes-pack); 1 otherwise."""
+    if panel.threads != 32 or panel.blocks != 1 or panel.width > 16 or trail:
+        return 1
+    return 32 // (1 << (panel.width - 1).bit_length())
+
+
 def name(spec) -> str:
-    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "") + (
+        f"_p{spec.pack}" if spec.pack > 1 else "")
     return (f"qr_lanes_w{spec.width}_t{spec.threads}{f'_c{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
             f"{suffix}")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from ..targets import Target
 from . import apply3, fused, rowsplit, scale, tf32x3, tmat
-from .family import panel_family, register_cap
+from .family import panel_family, panel_pack, register_cap
 from .layout import aggregates, kept_blocks
 from .lanes import fused_q_kernel
 from .specs import KernelSpec, Launch, Plan
@@ -115,7 +115,8 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
                           fam.spec_shared(panel, rows, trail and not out.vt_only, schedule.m, schedule.n), (),
-                          panel.cluster, panel.loop, vt_only=out.vt_only)
+                          panel.cluster, panel.loop, vt_only=out.vt_only,
+                          pack=panel_pack(panel, trail, target))
         if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:
             raise ValueError(f"Schedule.panels[{index}] keeps its reflectors for Q with {spec.shared_bytes} bytes of "
                              f"shared memory; the budget is {target.limits.shared_bytes}: no keep plan")
@@ -126,7 +127,8 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                                blocks=panel.blocks, barriers=barriers, trail=trail, shared_bytes=spec.shared_bytes,
                                nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster,
                                levels=tsqr_levels(rows, panel.width, panel.tile) if panel.variant == "tsqr" else (),
-                               tile=panel.tile, inner=panel.slice if whole else 0, vt_only=out.vt_only))
+                               tile=panel.tile, inner=panel.slice if whole else 0, vt_only=out.vt_only,
+                               pack=spec.pack))
     kernels = [_named(spec, cols) for spec, cols in keys.items()]
     if target.record.families:  # the backend's own product kernels (Metal: plan/msl.py)
         kernels += importlib.import_module(target.record.families).product_kernels(schedule, launches, aggs, keep)

@@ -24,6 +24,7 @@ class KernelSpec:
     formq: bool = False  # lanes: writes Q and R (qrgen.qr, mode "reduced") instead of h and tau (fused_q_kernel)
     kind: str = ""  # a product family's member (tf32x3: "project", "project64", "update", "gram")
     vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.panel_outputs)
+    pack: int = 1  # matrices per block (lanes: a narrow one-warp panel, a segment of the warp a matrix)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Launch:
     tile: int = 0  # a tsqr panel's rows per tile
     inner: int = 0  # a "whole" kernel's columns per panel: the launch factors and updates everything itself
     vt_only: bool = False  # the kernel writes V^T but no (VT)^T (KernelSpec.vt_only)
+    pack: int = 1  # matrices per block (KernelSpec.pack): plan/family.panel_grid
 
     @property
     def cooperative(self) -> bool:

@@ -63,7 +63,7 @@ class CudaEngine:
             if args is None:  # the same for every call on this workspace but src, h and tau
                 args = ws.panel_args[index] = PackedArgs(PANEL_SIGNATURE, (
                     src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
-                    ws.exchange.data.ptr, ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
+                    ws.exchange.data.ptr, ws.flags.data.ptr, epoch, L.c0, L.rows, L.v_ld, L.v_bs, self.nb))
             else:
                 args.set(0, src)
                 args.set(1, self.h_ptr)

@@ -259,7 +259,7 @@ class Factorizer:
         args = self.q_args.get(device_id)
         if args is None:
             args = self.q_args[device_id] = PackedArgs(PANEL_SIGNATURE, (0, 0, 0, 0, 0, 0, 0, 0, 0, L.rows, L.v_ld,
-                                                                         L.v_bs))
+                                                                         L.v_bs, batch))
         with self.lock:  # the packed values are shared by the calls on this device until the launch is queued
             args.set(0, src)
             args.set(1, r)

@@ -7,7 +7,7 @@ import numpy as np
 from ..compile.host import HostKernel
 from ..numerics import qmatrix
 from ..plan import apply3, fused, rowsplit, scale, tf32x3, tmat, tsqr
-from ..plan.family import PANEL_SIGNATURE
+from ..plan.family import PANEL_SIGNATURE, panel_grid
 from ..targets import Target
 from .launch import PackedArgs
 from .numpy_engine import CpuFactorizer, NumpyEngine
@@ -56,8 +56,8 @@ class HostKernelEngine(NumpyEngine):
             return
         args = PackedArgs(PANEL_SIGNATURE, (
             h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
-            self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs))
-        self.kernels[L.kernel](args, self.nb * L.blocks, L.threads, L.shared_bytes, self.order)
+            self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs, self.nb))
+        self.kernels[L.kernel](args, panel_grid(L, self.nb), L.threads, L.shared_bytes, self.order)
         self.log.append(("panel", index, epoch))
 
 
@@ -161,8 +161,8 @@ def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarra
         L = fac.launches[0]
         q, r = np.full((batch, m, n), np.nan, dtype=np.float32), np.full((batch, n, n), np.nan, dtype=np.float32)
         args = PackedArgs(PANEL_SIGNATURE, (a.ctypes.data, r.ctypes.data, 0, 0, q.ctypes.data, 0, 0, 0, 0, L.rows,
-                                            L.v_ld, L.v_bs))
-        HostKernel(fused, schedule, target)(args, batch * L.blocks, L.threads, L.shared_bytes)
+                                            L.v_ld, L.v_bs, batch))
+        HostKernel(fused, schedule, target)(args, panel_grid(L, batch), L.threads, L.shared_bytes)
         return q, r
     try:
         fac = CpuFactorizer(schedule, keep=True, target=target)

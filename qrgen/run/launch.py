@@ -12,7 +12,7 @@ from ..compile import index
 from ..compile.cache import CacheWarning
 from ..compile.nvrtc import compile_many, compile_source, install_hint, supported_archs
 from ..plan import tf32x3, tmat
-from ..plan.family import family
+from ..plan.family import PANEL_BATCH_ARG, family, panel_grid
 from ..targets import Target
 from ..targets.cuda import ARCHS
 
@@ -35,17 +35,17 @@ class PackedArgs:
 
 
 def launch_panel(func, L, batch: int, stream: int, args: PackedArgs) -> None:
-    """A panel kernel's launch for `batch` matrices: L.blocks blocks each, cooperative where the blocks of a matrix
-    wait for each other (all must then be resident)."""
+    """A panel kernel's launch for `batch` matrices (its argument nb set here): L.blocks blocks each (or a block for
+    L.pack of them), cooperative where the blocks of a matrix wait for each other (all must then be resident)."""
     import cupy
 
     driver = cupy.cuda.driver
+    args.set(PANEL_BATCH_ARG, batch)
+    grid = panel_grid(L, batch)
     if L.cooperative:
-        driver.launchCooperativeKernel(func.ptr, batch * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes, stream,
-                                       args.address)
+        driver.launchCooperativeKernel(func.ptr, grid, 1, 1, L.threads, 1, 1, L.shared_bytes, stream, args.address)
     else:
-        driver.launchKernel(func.ptr, batch * L.blocks, 1, 1, L.threads, 1, 1, L.shared_bytes, stream,
-                            args.address, 0)
+        driver.launchKernel(func.ptr, grid, 1, 1, L.threads, 1, 1, L.shared_bytes, stream, args.address, 0)
 
 
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # (CuPy does not name it)

@@ -38,6 +38,11 @@ WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs
 WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
 WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
 WIDE_LANES_ROWS = 64  # one lanes panel on one warp for 32 < n <= m up to this many rows (docs/decisions.md#lanes-wide)
+# ... its column loop unrolled by two (Panel.loop False), except past WIDE_ROLLED_MIN_WIDTH columns for at most
+# WIDE_ROLLED_MAX_BATCH matrices (a warp a scheduler or fewer: one warp's latency is the time, and unrolled it grows)
+# (docs/decisions.md#lanes-wide-unroll)
+WIDE_ROLLED_MIN_WIDTH = 49
+WIDE_ROLLED_MAX_BATCH = 528
 BLOCK_LANES_ROWS = 128  # ... on a warp for each 32 columns for n <= m up to this many, past COLS_MAX_BATCH matrices
 COLS_FROM = 128  # the factorization in one cols panel (one block a matrix) from this many columns ...
 COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs: docs/decisions.md#cols-default)
@@ -172,7 +177,7 @@ def default_wide_lanes(problem: Problem) -> Panel | None:
     n, m = problem.n, problem.m
     if 32 < n <= m <= WIDE_LANES_ROWS or (
             WIDE_LANES_ROWS < n <= m <= BLOCK_LANES_ROWS and problem.batch > COLS_MAX_BATCH):
-        return wide_lanes_panel(n)
+        return with_loop(wide_lanes_panel(n), n >= WIDE_ROLLED_MIN_WIDTH and problem.batch <= WIDE_ROLLED_MAX_BATCH)
     return None
 
 

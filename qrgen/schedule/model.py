@@ -5,7 +5,7 @@ variant's own field checks live with its kernel family (qrgen/plan/<variant>.py)
 schedule is the planner's check (plan/planner.check)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..plan.family import PANEL_VARIANTS, panel_family
 
@@ -28,7 +28,9 @@ class Panel:
     threads, blocks: threads per block and blocks per matrix; cluster: the blocks form one thread-block cluster;
     slice: columns per warp (cols) or per inner panel (whole); tile: rows per tile (tsqr); loop (warp, rows, tsqr,
     whole): the loop over columns is not unrolled (registers rotate by one column per step: small code at about 1.6x
-    the arithmetic, which pays where several blocks share an SM's instruction cache).
+    the arithmetic, which pays where several blocks share an SM's instruction cache); (lanes, past 32 columns on one
+    warp): that kernel's column loop is rolled rather than unrolled by two (a shorter chain for a warp alone on its
+    scheduler, more instructions).
     """
 
     width: int
@@ -70,6 +72,18 @@ class Panel:
 
 
 LOOP_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).LOOP)
+
+
+def loop_applies(panel: Panel) -> bool:
+    """Whether Panel.loop is a choice for `panel`: its variant takes it (LOOP) and its family's check accepts it
+    there (lanes: only on one warp past 32 columns)."""
+    if not panel_family(panel.variant).LOOP:
+        return False
+    try:
+        replace(panel, loop=True)
+    except ValueError:
+        return False
+    return True
 CLUSTER_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).CLUSTER)
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..plan.family import THREADS, panel_family, register_cap
 from ..targets import Target
-from .model import LOOP_VARIANTS, Panel
+from .model import Panel, loop_applies
 
 ONE_WARP_ROWS = 32  # the most rows of a lanes panel on one warp (docs/decisions.md#one-warp-rows)
 CLUSTER_SLOTS = 4  # the most rows per thread of a rows panel on a cluster (cluster_panel)
@@ -116,7 +116,7 @@ def cols_panel(width: int, slice_: int, blocks: int = 1) -> Panel:
 
 def with_loop(panel: Panel, loop: bool) -> Panel:
     """`panel` with Panel.loop set where its variant has the choice."""
-    return replace(panel, loop=loop) if panel.variant in LOOP_VARIANTS else panel
+    return replace(panel, loop=loop) if loop_applies(panel) else panel
 
 
 def one_warp_tail(schedule):

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from ..plan import fused, whole
+from ..plan.family import panel_grid
 from ..plan.layout import aggregates
 from ..plan.planner import plan, resources
 from ..problem import Problem
@@ -123,7 +124,7 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
             n_launches += 2 * len(L.levels)
         else:
             n_launches += 1
-            waves = max(1.0, batch * L.blocks / (SMS * _blocks_per_sm(L.threads, res.registers)))
+            waves = max(1.0, panel_grid(L, batch) / (SMS * _blocks_per_sm(L.threads, res.registers)))
             per_column = _column_us(panel.variant, L.threads, res.slots, L.width, panel.slice)
             if L.blocks > 1:
                 per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN

@@ -25,7 +25,6 @@ from ..schedule.heuristic import (
     default_wide_lanes,
 )
 from ..schedule.model import (
-    LOOP_VARIANTS,
     PANEL_UPDATES,
     PRECISIONS,
     PRODUCT_PRECISIONS,
@@ -33,6 +32,7 @@ from ..schedule.model import (
     Panel,
     Precision,
     Schedule,
+    loop_applies,
 )
 from ..schedule.panels import (
     CLUSTER_LANE_SLOTS,
@@ -347,8 +347,8 @@ def _aggregate_variations(problem: Problem, params: dict) -> list[dict]:
 
 
 def _has_loop_choice(problem: Problem, params: dict) -> bool:
-    """Whether the point's schedule has warp or rows panels, for which Panel.loop is a choice."""
+    """Whether the point's schedule has a panel for which Panel.loop is a choice (model.loop_applies)."""
     try:
-        return any(p.variant in LOOP_VARIANTS for p in schedule_from_params(problem, params).panels)
+        return any(loop_applies(p) for p in schedule_from_params(problem, params).panels)
     except ValueError:
         return False

@@ -3,12 +3,15 @@
 // x0 and both halves updated, then 32..NB-1, the pivot in lane j - 32's x1 and the second half alone. As in
 // LanesPanel (panel_lanes.cuh), column j's tail is broadcast by shuffles, each lane's dots are its own, every lane
 // builds the same reflector and the pivot column stays unscaled below its diagonal until the end. The loop over
-// columns is not unrolled (unrolled, the code outgrows the instruction cache at these sizes): one copy of a column's
-// code for each chunk of CH rows that can hold row j, in which the chunks above it are left out, the chunks below
-// take no masks and only its own takes them, so a column's work shrinks with j by whole chunks.
-template <int M, int N, int K, int SLOTS, int NB>
+// columns is not unrolled fully (the code would outgrow the instruction cache at these sizes): one copy of a
+// column's code for each chunk of CH rows that can hold row j, in which the chunks above it are left out, the chunks
+// below take no masks and only its own takes them, so a column's work shrinks with j by whole chunks. Rolled (LOOP),
+// ptxas copies every updated row of a column back to its register at each trip's end; unrolled by two (not LOOP)
+// those copies come every second column, for fewer instructions in twice the code: the choice is Panel.loop's.
+template <int M, int N, int K, int SLOTS, int NB, bool LOOP>
 struct LanesWide {
   static constexpr int CH = 4;  // rows a chunk; divides 32, so each phase's columns start on a chunk
+  static constexpr int STEP = LOOP ? 1 : 2;  // columns a trip of the loop over a chunk's columns
   static_assert(NB > 32 && NB <= 64 && SLOTS >= NB, "a wide lanes panel has 33 to 64 columns, at most its rows");
   int c0, mp, lane, b;
   float x0[SLOTS], x1[SLOTS], v[SLOTS];
@@ -68,7 +71,7 @@ struct LanesWide {
   template <int QJ, bool A>
   __device__ __forceinline__ void columns() {
     constexpr int J1 = (QJ + 1) * CH < (A ? 32 : NB) ? (QJ + 1) * CH : (A ? 32 : NB);
-#pragma unroll 1
+#pragma unroll STEP
     for (int j = QJ * CH; j < J1; ++j) column<QJ, A>(j);
     if constexpr (J1 < (A ? 32 : NB)) columns<QJ + 1, A>();
   }
@@ -96,10 +99,10 @@ struct LanesWide {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB>
+template <int M, int N, int K, int SLOTS, int NB, bool LOOP>
 __device__ __forceinline__ void panel_lanes_wide(const float* __restrict__ src, float* __restrict__ h,
                                                  float* __restrict__ tau, int c0, int mp) {
-  LanesWide<M, N, K, SLOTS, NB> panel{c0, mp, (int)threadIdx.x, (int)blockIdx.x};
+  LanesWide<M, N, K, SLOTS, NB, LOOP> panel{c0, mp, (int)threadIdx.x, (int)blockIdx.x};
   panel.run(src, h, tau);
 }
 

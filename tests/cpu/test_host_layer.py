@@ -7,6 +7,7 @@ that wait for each other in drawn turn orders too, and random points of the tuni
 on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit and fused product
 kernels run in the sequence too."""
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,10 +16,12 @@ from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES
 from qrgen.compile import host
 from qrgen.numerics.check import FACTOR_GATE, ORTHOGONALITY_GATE, check
 from qrgen.numerics.stress import FAMILIES, mixed
+from qrgen.plan.family import PANEL_SIGNATURE
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.render.environment import environment, layer
 from qrgen.run import host_engine
+from qrgen.run.launch import PackedArgs
 from qrgen.schedule.files import find
 from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.targets import Target
@@ -128,11 +131,62 @@ def test_random_points_of_the_tuning_space_pass_the_gates_on_the_cpu(seed):
     _gates(schedule, order=order)
 
 
+# narrow one-warp lanes panels, several matrices a warp (plan/lanes.pack): odd batches leave the last warp's last
+# segments past the batch; a square matrix, a tall one, a width no power of two, a packed last panel after a trail one
+PACKED = {
+    "16x16_p2": (Schedule(16, 16, (Panel(16, "lanes", 32),)), 2),
+    "8x8_p4": (Schedule(8, 8, (Panel(8, "lanes", 32),)), 4),
+    "40x5_p4": (Schedule(40, 5, (Panel(5, "lanes", 32),)), 4),
+    "12x10_p2": (Schedule(12, 10, (Panel(10, "lanes", 32),)), 2),
+    "12x3_p8": (Schedule(12, 3, (Panel(3, "lanes", 32),)), 8),
+    "20x1_p32": (Schedule(20, 1, (Panel(1, "lanes", 32),)), 32),
+    "48x24_p1_p4": (Schedule(48, 24, (Panel(16, "lanes", 32), Panel(8, "lanes", 32))), 4),
+}
+
+
+def _packed_panel_run(spec, schedule, launch, a, pack):
+    """h and tau of one launch of the panel's kernel compiled with `pack` matrices a block, written into buffers two
+    matrices longer than the batch and filled with 7 beforehand (a kernel factoring what lies past the batch would
+    change them)."""
+    batch, m, n = a.shape
+    spec = replace(spec, pack=pack, name=f"{spec.name}_as{pack}")
+    h = np.full((batch + 2, m, n), 7.0, dtype=np.float32)
+    tau = np.full((batch + 2, min(m, n)), 7.0, dtype=np.float32)
+    h[:batch] = a
+    args = PackedArgs(PANEL_SIGNATURE, (h.ctypes.data, h.ctypes.data, tau.ctypes.data, 0, 0, 0, 0, 0, launch.c0,
+                                        launch.rows, launch.v_ld, launch.v_bs, batch))
+    host.HostKernel(spec, schedule, TARGET)(args, -(-batch // pack), launch.threads, launch.shared_bytes)
+    return h, tau
+
+
+@pytest.mark.parametrize("case", PACKED)
+def test_packed_lanes_kernels_pass_the_gates_on_odd_batches_on_the_cpu(case):
+    schedule, pack = PACKED[case]
+    assert plan(schedule, TARGET).launches[-1].pack == pack
+    _gates(schedule, len(FAMILIES) + 1)
+    _gates(schedule, len(FAMILIES) - 1, order=3)
+
+
+@pytest.mark.parametrize("case", ["16x16_p2", "8x8_p4", "40x5_p4", "20x1_p32"])
+def test_a_packed_lanes_kernel_gives_the_unpacked_ones_bits_and_writes_nothing_past_the_batch(case):
+    schedule, pack = PACKED[case]
+    p = plan(schedule, TARGET)
+    (launch,) = p.launches
+    spec = next(k for k in p.kernels if k.name == launch.kernel)
+    a = mixed(schedule.m, schedule.n, 7, seed=3)[0]
+    h1, tau1 = _packed_panel_run(spec, schedule, launch, a, 1)
+    hp, tau_p = _packed_panel_run(spec, schedule, launch, a, pack)
+    assert np.array_equal(hp[:7], h1[:7]) and np.array_equal(tau_p[:7], tau1[:7])
+    assert (hp[7:] == 7.0).all() and (tau_p[7:] == 7.0).all()
+    assert np.isfinite(hp[:7]).all() and np.isfinite(tau_p[:7]).all()
+
+
 # qrgen.qr's reduced mode as the CUDA runtime forms it: the fused kernel that writes Q and R (one-panel lanes
 # schedules), a keep plan's kept reflectors through drive_q, or Q from h and tau where no keep plan applies
 QR_CASES = {
     "fused_20x32x32": (find(Problem(32, 32, 20), TARGET)[0], "fused"),
-    "fused_4000x16x16": (find(Problem(16, 16, 4000), TARGET)[0], "fused"),
+    "fused_4000x16x16": (find(Problem(16, 16, 4000), TARGET)[0], "fused"),  # two matrices a warp
+    "fused_8x6": (Schedule(8, 6, (Panel(6, "lanes", 32),)), "fused"),  # four a warp, the last warp's last past the batch
     "keep_lanes_300x200": (LANES_SCHEDULES[3], "keep"),
     "keep_cols_clusters_300x200": (COLS_SCHEDULES[7], "keep"),
     "h_tau_1000x64x64": (find(Problem(64, 64, 1000), TARGET)[0], "h_tau"),

@@ -60,9 +60,10 @@ def test_rendered_sources_are_the_recorded_ones_or_a_listed_change():
     assert removed <= set(record["digests"]) and all(key.startswith("committed:") for key in removed)
     assert set(current) == set(record["digests"]) - removed
 
-    def renamed(name):  # the kernel's name now (renames: [old prefix, new prefix])
-        for old, new in changes["renames"]:
-            name = name.replace(old, new, 1) if name.removeprefix("keep:").startswith(old) else name
+    def renamed(name):  # the kernel's name now (renames: [old prefix, new prefix], or [old, new, "exact"])
+        for old, new, *exact in changes["renames"]:
+            base = name.removeprefix("keep:")
+            name = name.replace(old, new, 1) if (base == old if exact else base.startswith(old)) else name
         return name
 
     changed, listed = set(), {name for entry in changes["changes"] for name in entry["kernels"]}

@@ -50,7 +50,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     src = first[0].source
     assert "Do not edit" in src and "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2>" in src  # one kernel
     lanes_src = render_all(default_schedule(Problem(176, 176, 200)), SM90)[0].source  # past one block per SM: lanes
-    assert "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false>" in lanes_src
+    assert "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false, 1>" in lanes_src
     rows_src = render_all(default_schedule(Problem(176, 176, 640)), SM90)[0].source  # past two blocks per SM: rows
     assert "panel_rows<176, 176, 176," in rows_src
 
@@ -162,7 +162,7 @@ def test_lanes_panels_and_gram_precision():
     assert [p.variant for p in schedule.panels] == ["lanes"] * 6
     assert [p.threads for p in schedule.panels][:2] == [192, 160]
     kernels = plan(schedule).kernels
-    assert kernels[0].name == "qr_lanes_w32_t192_s30_trail" and kernels[-1].name == "qr_lanes_w16_t32_s16"
+    assert kernels[0].name == "qr_lanes_w32_t192_s30_trail" and kernels[-1].name == "qr_lanes_w16_t32_s16_p2"
     tf32 = Schedule(32, 32, (Panel(16, "lanes", 32), Panel(16, "rows", 32)), precision=Precision(gram="tf32"))
     assert (tf32.panel_gram(0), tf32.panel_gram(1)) == ("fp32", "tf32")
     with pytest.raises(ValueError, match="multiple of 32"):
@@ -183,7 +183,7 @@ def test_lanes_panels_on_clusters():
     assert all(L.cluster and L.blocks == 8 for L in launches)
     source = render(kernels[0], schedule, SM90).source
     assert "__cluster_dims__(8, 1, 1)" in source and "push_peer_at(peer[q], &sm, &sm.xr[buf][g][lane], sum" in source
-    assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true, false>" in source
+    assert "panel_lanes<4096, 64, 64, 32, 32, 512, true, 8, true, false, 1>" in source
     assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
     with pytest.raises(ValueError, match="blocks=1, or 2 or more blocks with cluster=True; got blocks=8"):
         Panel(32, "lanes", 512, 8)
@@ -204,7 +204,7 @@ def test_wide_lanes_panels():
     p = plan(wide)
     (k,) = p.kernels
     assert (k.name, k.slots, k.trail) == ("qr_lanes_w64_t32_s64", 64, False) and p.launches[0].shared_bytes == 0
-    assert "panel_lanes_wide<64, 64, 64, 64, 64>(src, h, tau, c0, mp);" in render(k, wide, SM90).source
+    assert "panel_lanes_wide<64, 64, 64, 64, 64, false>(src, h, tau, c0, mp);" in render(k, wide, SM90).source
     for bad, words in [(lambda: Panel(64, "lanes", 96), "up to 64 on one warp"),
                        (lambda: Panel(65, "lanes", 32), "up to 64 on one warp"),
                        (lambda: Panel(40, "lanes", 32, 2, cluster=True), "up to 64 on one warp"),
@@ -218,6 +218,15 @@ def test_wide_lanes_panels():
             bad()
     for batch, m, n in [(1, 33, 33), (10, 64, 40), (1000, 64, 64), (5000, 48, 48)]:
         assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32),)
+    # rolled past 48 columns for a warp a scheduler or fewer (528 matrices), unrolled by two otherwise
+    for batch, m, n in [(1, 64, 64), (528, 64, 64), (528, 56, 49)]:
+        assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32, loop=True),)
+    assert plan(Schedule(64, 64, (Panel(64, "lanes", 32, loop=True),))).kernels[0].name == "qr_lanes_w64_t32_s64_loop"
+    assert "panel_lanes_wide<64, 64, 64, 64, 64, true>" in render(
+        plan(Schedule(64, 64, (Panel(64, "lanes", 32, loop=True),))).kernels[0], wide, SM90).source
+    for bad in (lambda: Panel(32, "lanes", 32, loop=True), lambda: Panel(128, "lanes", 128, loop=True)):
+        with pytest.raises(ValueError, match="past 32 columns on one warp"):
+            bad()
     for batch, m, n, threads in [(500, 128, 128, 128), (133, 100, 70, 96), (1000, 96, 65, 96)]:
         assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", threads),)
     assert wide.describe().startswith("1x64 lanes(32 threads, two columns a lane)")
@@ -236,6 +245,27 @@ def test_wide_lanes_panels():
     assert np.abs(h - hr).max() <= 1e-4 * np.abs(a).max() and np.abs(tau - tr).max() <= 1e-4
 
 
+def test_narrow_one_warp_lanes_panels_pack_several_matrices_a_block():
+    """A one-warp lanes panel of at most 16 columns with nothing right of it factors 32 / s matrices a block (s the
+    power of two at least its width); the launch's grid counts blocks so, and the batch is the last parameter."""
+    from qrgen.plan.family import PANEL_SIGNATURE, panel_grid
+
+    cases = [(Schedule(16, 16, (Panel(16, "lanes", 32),)), 2), (Schedule(40, 5, (Panel(5, "lanes", 32),)), 4),
+             (Schedule(8, 8, (Panel(8, "lanes", 32),)), 4), (Schedule(20, 1, (Panel(1, "lanes", 32),)), 32),
+             (Schedule(24, 17, (Panel(17, "lanes", 32),)), 1), (Schedule(32, 32, (Panel(32, "lanes", 32),)), 1),
+             (Schedule(64, 16, (Panel(16, "lanes", 64),)), 1), (Schedule(48, 24, (Panel(16, "lanes", 32),) * 1
+                                                                  + (Panel(8, "lanes", 32),)), 4)]
+    for schedule, pack in cases:
+        p = plan(schedule)
+        assert p.launches[-1].pack == pack and all(L.pack == 1 for L in p.launches[:-1])
+        assert [k.pack for k in p.kernels if k.name == p.launches[-1].kernel] == [pack]
+        assert panel_grid(p.launches[-1], 7) == -(-7 // pack)
+        assert (f"_p{pack}" in p.launches[-1].kernel) == (pack > 1)
+    assert PANEL_SIGNATURE.endswith("I")  # nb: the launch's matrices
+    assert default_schedule(Problem(16, 16, 4000)).panels == (Panel(16, "lanes", 32),)
+    assert plan(default_schedule(Problem(16, 16, 4000))).launches[0].pack == 2
+
+
 @pytest.mark.parametrize("m,n,batch,fused_q", [(32, 32, 20, True), (100, 20, 3, True), (40, 1, 2, True),
                                                (32, 32, 20000, True), (64, 64, 3, False), (10, 100, 3, False),
                                                (4096, 32, 1, False)])
@@ -251,7 +281,7 @@ def test_fused_q_kernel_only_for_one_lanes_panel_on_one_block(m, n, batch, fused
         (k,) = q
         assert k.name == p.launches[0].kernel + "_q" and k.variant == "lanes" and k.width == n
         source = render(k, schedule, SM90).source
-        assert "true>(\n      src, h, tau, vt, zt" in source  # FORMQ, the last template argument
+        assert f"true, {k.pack}>(\n      src, h, tau, vt, zt" in source  # FORMQ, then the matrices a block
 
 
 def test_fused_panel_products_sources():

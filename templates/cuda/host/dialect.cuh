@@ -149,6 +149,10 @@ __device__ __forceinline__ float warp_shuffle(float v, int lane) { return qrl::e
 __device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
   return qrl::exchange(v, (qrl::G->current & 31) ^ mask);
 }
+template <int W>
+__device__ __forceinline__ float segment_shuffle(float v, int lane) {
+  return qrl::exchange(v, (qrl::G->current & 31 & ~(W - 1)) | (lane & (W - 1)));
+}
 
 // The butterflies of dialect.cuh, in the same order, so sums round as on the GPU.
 __device__ __forceinline__ float warp_sum(float v) {
