@@ -59,7 +59,7 @@ def instrument(source: str, columns: int, blocks: int) -> str:
                 f"(QR_PHASE_COLUMN)) * {MARKS} + {slot}] = clock64();")
 
     head = ("template <int M, int N, int K, int SLOTS, int NB, int THREADS, bool TRAIL, int BLOCKS, bool CLUSTER, "
-            "bool FORMQ>\nstruct LanesPanel")
+            "bool FORMQ,\n          int PACK>\nstruct LanesPanel")
     sub(head, f"__device__ long long qr_phase_clock[{blocks} * 2 * {columns + 1} * {MARKS}];\n" + head)
     sub("  __device__ __forceinline__ void column(int j) {",
         "  __device__ __forceinline__ void column(int j) {\n#define QR_PHASE_COLUMN j\n" + mark(0))
