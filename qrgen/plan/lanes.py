@@ -25,6 +25,7 @@ BLOCK_MAX = 128  # ... and columns (and rows) on a block of a warp for each 32 c
 # compile without spills) and beside the block kernel's column, at BLOCK_MAX rows.
 WIDE_OVERHEAD = 40
 BLOCK_OVERHEAD = 90
+WIDE_CHUNK = 4  # rows a chunk of the one-warp kernel's column code (LanesWide::CH)
 
 
 def check(panel) -> None:
@@ -94,6 +95,12 @@ def vec(panel, n: int, c0: int) -> int:
 
 def features(panel) -> tuple[str, ...]:
     return (CLUSTERS, MBARRIER) if panel.cluster else ()
+
+
+def wide_code_rows(width: int, rows: int) -> int:
+    """The one-warp wide kernel's code size in rows of column code: one copy of a column's code for each chunk of
+    WIDE_CHUNK rows that can hold the pivot row, each covering the rows from its chunk down."""
+    return sum(rows - WIDE_CHUNK * q for q in range(-(-width // WIDE_CHUNK)))
 
 
 def pack(panel, trail: bool) -> int:

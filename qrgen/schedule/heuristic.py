@@ -6,6 +6,7 @@ import importlib
 import math
 from dataclasses import dataclass
 
+from ..plan.lanes import wide_code_rows
 from ..problem import Problem
 from ..targets import CLUSTERS, Target
 from .model import Panel, Precision, Schedule
@@ -38,11 +39,11 @@ WHOLE_FROM = 1000  # one kernel per matrix for this many matrices at least (docs
 WHOLE_ROWS = (33, 64)  # ... of m from the first to the second, 32 <= n <= m
 WHOLE_SMALL = 48 * 48  # up to this many entries: 32 threads and panels of 4; above, 64 threads and panels of 8
 WIDE_LANES_ROWS = 64  # one lanes panel on one warp for 32 < n <= m up to this many rows (docs/decisions.md#lanes-wide)
-# ... its column loop unrolled by two (Panel.loop False), except past WIDE_ROLLED_MIN_WIDTH columns for at most
-# WIDE_ROLLED_MAX_BATCH matrices (a warp a scheduler or fewer: one warp's latency is the time, and unrolled it grows)
-# (docs/decisions.md#lanes-wide-unroll)
-WIDE_ROLLED_MIN_WIDTH = 49
+# ... its column loop unrolled by two (Panel.loop False), except for at most WIDE_ROLLED_MAX_BATCH matrices (a warp a
+# scheduler or fewer: one warp's latency is the time) where the kernel's code is large (plan/lanes.wide_code_rows at
+# least WIDE_ROLLED_MIN_CODE: unrolled, a warp alone waits on instruction fetch) (docs/decisions.md#lanes-wide-unroll)
 WIDE_ROLLED_MAX_BATCH = 528
+WIDE_ROLLED_MIN_CODE = 470
 BLOCK_LANES_ROWS = 128  # ... on a warp for each 32 columns for n <= m up to this many, past COLS_MAX_BATCH matrices
 COLS_FROM = 128  # the factorization in one cols panel (one block a matrix) from this many columns ...
 COLS_MAX_BATCH = 132  # ... for at most this many matrices (one wave on the SMs: docs/decisions.md#cols-default)
@@ -177,7 +178,8 @@ def default_wide_lanes(problem: Problem) -> Panel | None:
     n, m = problem.n, problem.m
     if 32 < n <= m <= WIDE_LANES_ROWS or (
             WIDE_LANES_ROWS < n <= m <= BLOCK_LANES_ROWS and problem.batch > COLS_MAX_BATCH):
-        return with_loop(wide_lanes_panel(n), n >= WIDE_ROLLED_MIN_WIDTH and problem.batch <= WIDE_ROLLED_MAX_BATCH)
+        rolled = problem.batch <= WIDE_ROLLED_MAX_BATCH and wide_code_rows(n, m) >= WIDE_ROLLED_MIN_CODE
+        return with_loop(wide_lanes_panel(n), rolled)
     return None
 
 

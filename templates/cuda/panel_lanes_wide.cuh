@@ -10,7 +10,7 @@
 // those copies come every second column, for fewer instructions in twice the code: the choice is Panel.loop's.
 template <int M, int N, int K, int SLOTS, int NB, bool LOOP>
 struct LanesWide {
-  static constexpr int CH = 4;  // rows a chunk; divides 32, so each phase's columns start on a chunk
+  static constexpr int CH = 4;  // rows a chunk (plan/lanes.WIDE_CHUNK); divides 32, so each phase's columns start on one
   static constexpr int STEP = LOOP ? 1 : 2;  // columns a trip of the loop over a chunk's columns
   static_assert(NB > 32 && NB <= 64 && SLOTS >= NB, "a wide lanes panel has 33 to 64 columns, at most its rows");
   int c0, mp, lane, b;

@@ -218,9 +218,10 @@ def test_wide_lanes_panels():
             bad()
     for batch, m, n in [(1, 33, 33), (10, 64, 40), (1000, 64, 64), (5000, 48, 48)]:
         assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32),)
-    # rolled past 48 columns for a warp a scheduler or fewer (528 matrices), unrolled by two otherwise
-    for batch, m, n in [(1, 64, 64), (528, 64, 64), (528, 56, 49)]:
-        assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32, loop=True),)
+    # rolled where its code is large, for a warp a scheduler or fewer (528 matrices); unrolled by two otherwise
+    for batch, m, n, loop in [(1, 64, 64, True), (528, 64, 64, True), (528, 60, 60, True), (132, 64, 48, True),
+                              (529, 64, 64, False), (528, 56, 56, False), (132, 64, 40, False), (1, 48, 48, False)]:
+        assert default_schedule(Problem(m, n, batch)).panels == (Panel(n, "lanes", 32, loop=loop),)
     assert plan(Schedule(64, 64, (Panel(64, "lanes", 32, loop=True),))).kernels[0].name == "qr_lanes_w64_t32_s64_loop"
     assert "panel_lanes_wide<64, 64, 64, 64, 64, true>" in render(
         plan(Schedule(64, 64, (Panel(64, "lanes", 32, loop=True),))).kernels[0], wide, SM90).source
