@@ -470,14 +470,8 @@ struct LanesPanel {
     }
   }
 
-  // v of column j's lane (of this lane's segment).
-  __device__ __forceinline__ float bcast(float v, int j) {
-    if constexpr (PACK == 1) {
-      return warp_shuffle(v, j);
-    } else {
-      return segment_shuffle<SEG>(v, j);
-    }
-  }
+  // v of column j's lane (of this lane's segment; unpacked, the whole warp).
+  __device__ __forceinline__ float bcast(float v, int j) { return segment_shuffle<SEG>(v, j); }
 
   // Column j (UNROLL: a constant).
   __device__ __forceinline__ void column(int j) {

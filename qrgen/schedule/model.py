@@ -72,6 +72,7 @@ class Panel:
 
 
 LOOP_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).LOOP)
+CLUSTER_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).CLUSTER)
 
 
 def loop_applies(panel: Panel) -> bool:
@@ -84,7 +85,6 @@ def loop_applies(panel: Panel) -> bool:
     except ValueError:
         return False
     return True
-CLUSTER_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).CLUSTER)
 
 
 @dataclass(frozen=True)
