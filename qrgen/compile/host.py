@@ -52,7 +52,7 @@ def shared_library(name: str, code: str, folder: str, flags: tuple[str, ...]) ->
     return ctypes.CDLL(str(path))
 
 
-MAX_THREADS = 4096  # a group's fibers (templates/host/fibers.h)
+MAX_THREADS = 16384  # a group's fibers (templates/host/fibers.h): 16 blocks of 1024 threads
 MAX_BLOCKS = 16  # a group's blocks (templates/cuda/host/dialect.cuh)
 
 

@@ -41,7 +41,7 @@ qrl_switch:
 #endif
 
 namespace qrl {
-static const int MAX_THREADS = 4096;  // a group's fibers: a block, or the blocks of a cluster together
+static const int MAX_THREADS = 16384;  // a group's fibers: a block, or the blocks of a cluster together (16 of 1024)
 
 struct Group {
   int threads = 0, current = 0, finished = 0;

@@ -85,6 +85,18 @@ def test_the_many_small_defaults_pass_the_gates_on_the_cpu(batch, m, n):
     _gates(find(Problem(m, n, batch), TARGET)[0])
 
 
+# single tall matrices whose defaults put a panel on a cluster of 16 blocks of more than 256 threads (the layer's
+# largest groups: over 4096 fibers), two matrices each
+TALL_DEFAULTS = [(1, 5000, 3), (1, 3000, 96)]
+
+
+@pytest.mark.parametrize("batch,m,n", TALL_DEFAULTS, ids=[f"{b}x{m}x{n}" for b, m, n in TALL_DEFAULTS])
+def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch, m, n):
+    schedule = find(Problem(m, n, batch), TARGET)[0]
+    assert max(k.blocks * k.threads for k in plan(schedule, TARGET).kernels) > 4096
+    _gates(schedule, 2)
+
+
 # kernels whose warps or blocks wait for each other: in drawn turn orders (warps sitting out rounds), where a wait
 # or barrier a kernel lacked would show (a cooperative panel's flag arriving twice does)
 DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDULES[6],
@@ -255,10 +267,10 @@ def test_the_tf32x3_products_are_fp32_accurate_on_the_cpu(kind):
 
 
 def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
-    schedule = Schedule(4096, 256, (Panel(32, "rows", 512, 16, cluster=True),) * 8)
+    schedule = Schedule(8192, 64, (Panel(32, "rows", 256, 20),) * 2)  # a cooperative panel of 20 blocks a matrix
     spec = plan(schedule, TARGET).kernels[0]
-    assert "16 blocks of 512 threads" in host.refusal(spec)
-    with pytest.raises(ValueError, match="at most 16 blocks and 4096 threads"):
+    assert "20 blocks of 256 threads" in host.refusal(spec)
+    with pytest.raises(ValueError, match="at most 16 blocks and 16384 threads"):
         host.HostKernel(spec, schedule, TARGET)
 
 
