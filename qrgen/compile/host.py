@@ -101,15 +101,20 @@ class HostKernel:
         self.fn = getattr(library, f"{spec.name}__host")
         self.set_order = library.qrl_set_order
         self.set_order.argtypes = [ctypes.c_uint]
+        self.set_straggler = library.qrl_set_straggler
+        self.set_straggler.argtypes = [ctypes.c_int]
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 4 + [ctypes.c_void_p, ctypes.c_long]
 
-    def __call__(self, args, grid: int | tuple[int, ...], threads: int, shared_bytes: int, order: int = 0) -> None:
+    def __call__(self, args, grid: int | tuple[int, ...], threads: int, shared_bytes: int, order: int = 0,
+                 straggler: int = -1) -> None:
         """order: 0, the threads of a group take turns in index order; else in an order drawn afresh each round
-        from this seed (templates/host/fibers.h)."""
+        from this seed. straggler: a warp of each group (its index among the group's warps, the blocks of a cluster
+        in turn) that takes its turns only when no other thread can progress; -1, none (templates/host/fibers.h)."""
         dims = (grid,) if isinstance(grid, int) else tuple(grid)
         gx, gy, gz = dims + (1,) * (3 - len(dims))
         self.set_order(order)
+        self.set_straggler(straggler)
         shared = np.empty(max(1, self.blocks * shared_bytes // 4), dtype=np.float32)  # a group's blocks' own
         if self.fn(args.address, gx, gy, gz, threads, shared.ctypes.data, shared_bytes // 4):
             raise RuntimeError(f"{self.name}: a block deadlocked (a barrier, warp exchange, mbarrier wait or polled "

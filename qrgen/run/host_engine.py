@@ -20,9 +20,11 @@ class HostKernelEngine(NumpyEngine):
     products (rowsplit, fused), the tf32x3 products and the aggregates' apply3 kernel (tensor-core products
     emulated by the layer: templates/cuda/host/mma_tf32.cuh); cuBLAS's products are NumPy's."""
 
-    def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0):
+    def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0,
+                 straggler: int = -1):
         super().__init__(fac, h, tau)
-        self.order = order  # the fibers' turn order (compile/host.HostKernel): 0, or a seed
+        # the fibers' turns (compile/host.HostKernel): the order (0, or a seed) and the straggler warp (-1: none)
+        self.turns = (order, straggler)
         specs = {k.name: k for k in fac.kernels}
         names = {L.kernel for L in fac.launches} | ({tmat.NAME, scale.NAME} & set(specs))
         names |= {k.name for k in specs.values() if k.variant in rowsplit.KINDS + ("fused", "tf32x3", "apply3")}
@@ -51,13 +53,13 @@ class HostKernelEngine(NumpyEngine):
                     h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
                     tree.ctypes.data, tree.shape[1], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
                     L.c0, L.v_ld, L.v_bs))
-                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, 0, self.order)
+                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, 0, *self.turns)
             self.log.append(("panel", index, epoch))
             return
         args = PackedArgs(PANEL_SIGNATURE, (
             h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
             self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs, self.nb))
-        self.kernels[L.kernel](args, panel_grid(L, self.nb), L.threads, L.shared_bytes, self.order)
+        self.kernels[L.kernel](args, panel_grid(L, self.nb), L.threads, L.shared_bytes, *self.turns)
         self.log.append(("panel", index, epoch))
 
 
@@ -67,7 +69,7 @@ class HostKernelEngine(NumpyEngine):
         stride = self.sizes.gram
         args = PackedArgs(tmat.SIGNATURE, (self._address("gram", 0), self.tau.ctypes.data + 4 * agg.a0,
                                            self._address("tmat", 0), a, stride, self.fac.k, 1, self.nb * stride))
-        self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a), self.order)
+        self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a), *self.turns)
 
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
               precision, via):
@@ -86,12 +88,12 @@ class HostKernelEngine(NumpyEngine):
                 self._address(*a), lda, sa, self._address(*b), ldb, sb, self.parts.ctypes.data, self.parts.shape[1],
                 self._address(*c), ldc, sc, self.counters.ctypes.data, depth, cols, chunk))
             self.kernels[rowsplit.name("project", rows)](args, (tiles, splits, self.nb), rowsplit.THREADS, 0,
-                                                         self.order)
+                                                         *self.turns)
         else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
             args = PackedArgs(rowsplit.UPDATE_SIGNATURE, (self._address(*a), lda, sa, self._address(*b), ldb, sb,
                                                           self._address(*c), ldc, sc, rows, cols))
             self.kernels[rowsplit.name("update", depth)](args, (tiles, -(-rows // rowsplit.TILE), self.nb),
-                                                        rowsplit.THREADS, 0, self.order)
+                                                        rowsplit.THREADS, 0, *self.turns)
 
     def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc) -> bool:
         """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part); False
@@ -105,7 +107,7 @@ class HostKernelEngine(NumpyEngine):
         cfg = tf32x3.CONFIGS[kind]
         args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth,
                                              alpha, beta, 1, self.nb * sc))
-        self.kernels[tf32x3.name(kind)](args, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), self.order)
+        self.kernels[tf32x3.name(kind)](args, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), *self.turns)
         return True
 
     def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
@@ -118,7 +120,7 @@ class HostKernelEngine(NumpyEngine):
             return False
         args = PackedArgs(apply3.SIGNATURE, (ptrs[0], zld, zs, ptrs[1], vld, vs, ptrs[2], self.fac.n,
                                              self.fac.m * self.fac.n, rows, nc))
-        launch = (args, (-(-nc // apply3.BN), self.nb, 1), apply3.THREADS, shared, self.order)
+        launch = (args, (-(-nc // apply3.BN), self.nb, 1), apply3.THREADS, shared, *self.turns)
         if side:
             self.held.append((self.kernels[apply3.name(width)], launch))
         else:
@@ -132,7 +134,7 @@ class HostKernelEngine(NumpyEngine):
         name = fused.name(width, cl)
         args = PackedArgs(fused.SIGNATURE, (self._address(*z), zld, zs, self._address(*v), vld, vs, self._address(*c),
                                             self.fac.n, self.fac.m * self.fac.n, rows, nc))
-        self.kernels[name](args, (-(-nc // 32), self.nb, cl), fused.THREADS, self.shared[name], self.order)
+        self.kernels[name](args, (-(-nc // 32), self.nb, cl), fused.THREADS, self.shared[name], *self.turns)
         self.log.append(("fused", width, rows, nc))
 
     def scale(self, phase):
@@ -143,7 +145,7 @@ class HostKernelEngine(NumpyEngine):
         for p in ((0, 1) if phase == 0 else (2,)):
             args = PackedArgs(scale.SIGNATURE, (h.ctypes.data, h.ctypes.data, self.amax.ctypes.data, p, self.fac.m,
                                                 self.fac.n))
-            self.kernels[scale.NAME](args, (2, self.nb), scale.THREADS, 0, self.order)
+            self.kernels[scale.NAME](args, (2, self.nb), scale.THREADS, 0, *self.turns)
         self.log.append(("scale", phase))
 
 
@@ -180,17 +182,19 @@ def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarra
     return q, np.triu(h[:, :n, :])
 
 
-def geqrf(a: np.ndarray, schedule, target: Target | None = None, order: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def geqrf(a: np.ndarray, schedule, target: Target | None = None, order: int = 0,
+          straggler: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """(h, tau) of a (batch, m, n) float32 array by the schedule's launch sequence, its kernels the CUDA kernels for
     `target` (default: the default CUDA target) run on the CPU, their threads taking turns in index order (order
-    0) or in orders drawn from the seed `order`."""
+    0) or in orders drawn from the seed `order`; with a straggler, that warp of every group (of those that have it)
+    takes its turns only when no other thread can progress."""
     target = target or Target()
     a = np.asarray(a, dtype=np.float32)
     batch, m, n = a.shape
     fac = CpuFactorizer(schedule, target=target)
     h = a.copy()
     tau = np.zeros((batch, fac.k), dtype=np.float32)
-    engine = HostKernelEngine(fac, h, tau, target, order)
+    engine = HostKernelEngine(fac, h, tau, target, order, straggler)
     drive(fac, engine)
     assert not engine.held, "side-stream work left unjoined"
     return h, tau

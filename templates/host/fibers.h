@@ -46,6 +46,7 @@ static const int MAX_THREADS = 16384;  // a group's fibers: a block, or the bloc
 struct Group {
   int threads = 0, current = 0, finished = 0;
   long stall = 0;
+  unsigned long long arrivals = 0;  // progress anywhere in the group (progress()), for the straggler's turns
   bool deadlock = false;
 #if QRL_FAST_SWITCH
   void* main_sp = nullptr;
@@ -87,6 +88,13 @@ inline void to_fiber(int i) {
 }
 
 static unsigned order_seed = 0;  // the turn order (run_group): 0, index order
+static int straggler = -1;  // a warp of the group that takes its turns only when no other fiber can progress
+
+// An arrival (a barrier, an exchange, an mbarrier or a flag): the deadlock count starts again.
+inline void progress() {
+  G->stall = 0;
+  ++G->arrivals;
+}
 
 // A fiber that waits for others gives them its turn; a long enough run of waits with no progress between (no
 // arrival anywhere) is a deadlock. In drawn orders a warp may sit out half the rounds, so the run is longer there.
@@ -101,7 +109,7 @@ inline void wait_for(const unsigned* gen, unsigned mine) {
 
 inline void tg_barrier() {
   const unsigned mine = G->tg_gen;
-  G->stall = 0;
+  progress();
   if (++G->tg_arrived == G->threads) {
     G->tg_arrived = 0;
     ++G->tg_gen;
@@ -113,7 +121,7 @@ inline void tg_barrier() {
 inline void sg_barrier() {
   const int g = G->current >> 5;
   const unsigned mine = G->sg_gen[g];
-  G->stall = 0;
+  progress();
   if (++G->sg_arrived[g] == 32) {
     G->sg_arrived[g] = 0;
     ++G->sg_gen[g];
@@ -138,7 +146,7 @@ static void entry() {  // a fiber's first frame: never returns, never resumed on
   G->body(G->closure, i);
   G->done[i] = 1;
   ++G->finished;
-  G->stall = 0;
+  progress();
   to_main();
 }
 
@@ -164,7 +172,10 @@ inline void start(Group& g, int i) {
 
 // The order fibers take turns in (order_seed): 0, each round in index order; else each round in a new order drawn
 // from the seed (xorshift) in which each warp sits out with probability one half, so that a group's warps and
-// blocks drift apart as the GPU's may, and a wait or barrier a kernel lacks shows.
+// blocks drift apart as the GPU's may, and a wait or barrier a kernel lacks shows. With a straggler (a warp of the
+// group, qrl_set_straggler) that warp sits out every round but those after a round in which no other fiber made
+// progress: it falls as far behind as the kernel's waits let it, as a warp the GPU never schedules would, so a
+// wait that only the slowest warp's lag would need shows too.
 static int order[MAX_THREADS];
 
 inline unsigned next_random() {
@@ -194,6 +205,7 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
   g.threads = threads;
   g.finished = 0;
   g.stall = 0;
+  g.arrivals = 0;
   g.deadlock = false;
   g.tg_arrived = 0;
   std::memset(g.sg_arrived, 0, sizeof g.sg_arrived);
@@ -206,7 +218,9 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
     start(g, i);
   }
   for (int i = 0; i < threads; ++i) order[i] = i;
+  bool behind = false;  // the straggler's round: the last one made no progress
   while (g.finished < threads && !g.deadlock) {
+    const unsigned long long before = g.arrivals;
     unsigned long long out = 0;  // the warps (up to 64 of them by 64 bits) that sit this round out
     if (order_seed) {
       for (int i = threads - 1; i > 0; --i) {
@@ -220,10 +234,11 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
     }
     for (int n = 0; n < threads && !g.deadlock; ++n) {
       const int i = order[n];
-      if (g.done[i] || ((out >> ((i >> 5) & 63)) & 1ull)) continue;
+      if (g.done[i] || ((out >> ((i >> 5) & 63)) & 1ull) || ((i >> 5) == straggler && !behind)) continue;
       g.current = i;
       to_fiber(i);
     }
+    behind = straggler >= 0 && !behind && g.arrivals == before;
   }
   return g.deadlock ? 1 : 0;
 }
@@ -231,3 +246,6 @@ inline int run_group(int threads, void (*body)(void*, int), void* closure) {
 
 // The turn order of the groups that follow (qrl::order_seed): 0 for index order.
 extern "C" void qrl_set_order(unsigned seed) { qrl::order_seed = seed; }
+
+// The straggler of the groups that follow (qrl::straggler): a warp index within a group, or -1 for none.
+extern "C" void qrl_set_straggler(int warp) { qrl::straggler = warp; }

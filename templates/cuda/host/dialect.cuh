@@ -108,7 +108,7 @@ T& block_shared() {
 inline void block_barrier() {
   const int r = rank();
   const unsigned mine = L.gen[r];
-  qrl::G->stall = 0;
+  qrl::progress();
   if (++L.arrived[r] == L.threads) {
     L.arrived[r] = 0;
     ++L.gen[r];

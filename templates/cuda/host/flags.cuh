@@ -7,7 +7,7 @@ static unsigned polled_value[qrl::MAX_THREADS];
 }  // namespace qrh
 
 __device__ __forceinline__ void flag_arrive(unsigned* flag) {
-  qrl::G->stall = 0;
+  qrl::progress();
   ++*flag;
 }
 

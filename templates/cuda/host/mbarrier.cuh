@@ -9,7 +9,7 @@ struct MBar {
 static_assert(sizeof(MBar) == 8, "an mbarrier is 8 bytes");
 inline MBar* mbar(unsigned long long* bar) { return reinterpret_cast<MBar*>(bar); }
 inline void mbar_settle(MBar* b) {
-  qrl::G->stall = 0;
+  qrl::progress();
   if (b->pending == 0 && b->bytes == 0) {
     b->phase ^= 1;
     b->pending = b->expected;
