@@ -103,6 +103,24 @@ def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch,
     _gates(schedule, 2)
 
 
+# the schedules qrgen picks for other architectures (their shared memory and clusters change the panels): the
+# reference shapes that differ from sm_90's, four matrices each
+OTHER_ARCHS = ("sm_80", "sm_89", "sm_120")
+ARCH_SHAPES = [(40, 176, 176), (7, 300, 300), (1, 3000, 96)]
+
+
+@pytest.mark.parametrize("arch", OTHER_ARCHS)
+def test_the_schedules_picked_for_other_archs_pass_the_gates_on_the_cpu(arch):
+    target = Target(arch=arch)
+    for batch, m, n in ARCH_SHAPES:
+        schedule = find(Problem(m, n, batch), target)[0]
+        assert schedule != find(Problem(m, n, batch), TARGET)[0]
+        a, labels = mixed(m, n, 4, seed=m + n)
+        h, tau = host_engine.geqrf(a, schedule, target)
+        result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
+        assert result.ok, f"{arch} {batch}x{m}x{n} {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+
+
 # kernels whose warps or blocks wait for each other: in drawn turn orders (warps sitting out rounds), where a wait
 # or barrier a kernel lacked would show (a cooperative panel's flag arriving twice does)
 DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDULES[6],
