@@ -103,6 +103,19 @@ def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch,
     _gates(schedule, 2)
 
 
+# the range of scales README's known limitation states: a batch of every stress family multiplied by 2^-40 and 2^40
+# (column norms are float32 sums of squares; past about 2^±50 the smallest or largest fail)
+@pytest.mark.parametrize("batch,m,n", [(4, 32, 32), (4, 176, 176), (1, 3000, 96)], ids=["32x32", "176x176", "3000x96"])
+def test_matrices_scaled_by_2_to_the_plus_or_minus_40_pass_the_gates_on_the_cpu(batch, m, n):
+    schedule = find(Problem(m, n, batch), TARGET)[0]
+    a0, labels = mixed(m, n, len(FAMILIES), seed=2)
+    for k in (-40, 40):
+        a = a0 * np.float32(2.0 ** k)
+        h, tau = host_engine.geqrf(a, schedule, TARGET)
+        result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
+        assert result.ok, f"2^{k}: {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+
+
 # the schedules qrgen picks for other architectures (their shared memory and clusters change the panels): the
 # reference shapes that differ from sm_90's, four matrices each
 OTHER_ARCHS = ("sm_80", "sm_89", "sm_120")
