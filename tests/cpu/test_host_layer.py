@@ -56,11 +56,12 @@ DEFAULTS = [(4000, 16, 16), (20, 32, 32), (1000, 64, 64), (500, 128, 128), (40, 
 TALL = ("4096x64", "1000x300", "2048x96")  # lanes cases on clusters of many blocks: two matrices, not ten
 
 
-def _gates(schedule, batch=len(FAMILIES), order=0, straggler=-1):
+def _gates(schedule, batch=len(FAMILIES), order=0, straggler=-1, target=TARGET, scale=1.0):
     a, labels = mixed(schedule.m, schedule.n, batch, seed=schedule.m + schedule.n)
-    h, tau = host_engine.geqrf(a, schedule, TARGET, order, straggler)
+    a *= np.float32(scale)
+    h, tau = host_engine.geqrf(a, schedule, target, order, straggler)
     result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
-    assert result.ok, f"{[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+    assert result.ok, f"{target.arch} x{scale:g} {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
 
 
 def _last_warp(schedule):
@@ -108,12 +109,8 @@ def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch,
 @pytest.mark.parametrize("batch,m,n", [(4, 32, 32), (4, 176, 176), (1, 3000, 96)], ids=["32x32", "176x176", "3000x96"])
 def test_matrices_scaled_by_2_to_the_plus_or_minus_40_pass_the_gates_on_the_cpu(batch, m, n):
     schedule = find(Problem(m, n, batch), TARGET)[0]
-    a0, labels = mixed(m, n, len(FAMILIES), seed=2)
     for k in (-40, 40):
-        a = a0 * np.float32(2.0 ** k)
-        h, tau = host_engine.geqrf(a, schedule, TARGET)
-        result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
-        assert result.ok, f"2^{k}: {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+        _gates(schedule, scale=2.0 ** k)
 
 
 # the schedules qrgen picks for other architectures (their shared memory and clusters change the panels): the
@@ -128,10 +125,7 @@ def test_the_schedules_picked_for_other_archs_pass_the_gates_on_the_cpu(arch):
     for batch, m, n in ARCH_SHAPES:
         schedule = find(Problem(m, n, batch), target)[0]
         assert schedule != find(Problem(m, n, batch), TARGET)[0]
-        a, labels = mixed(m, n, 4, seed=m + n)
-        h, tau = host_engine.geqrf(a, schedule, target)
-        result = check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2)
-        assert result.ok, f"{arch} {batch}x{m}x{n} {[l for l, p in zip(labels, result.passed) if not p]}: {result}"
+        _gates(schedule, 4, target=target)
 
 
 # kernels whose warps or blocks wait for each other: in drawn turn orders (warps sitting out rounds), where a wait
