@@ -67,7 +67,7 @@ def keeps_q(schedule, launches: int, q_floats: int, exact: bool = False) -> bool
     (plan/tf32x3.q_precision: aggregates of tf32x3.MIN columns or more), since every product is then to be fp32."""
     good_t = schedule.precision.gram == "fp32" or (
         not schedule.aggregate and all(p.variant == "lanes" for p in schedule.panels))
-    aggregate = min(schedule.aggregate, schedule.m, schedule.n)
+    aggregate = schedule.widest_aggregate
     if aggregate > KEEP_MAX_AGGREGATE or (exact and tf32x3.q_precision(aggregate) != "fp32"):
         return False
     return good_t and (bool(schedule.aggregate) or launches == 1 or q_floats <= KEEP_MAX_FLOATS)

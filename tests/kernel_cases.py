@@ -45,6 +45,12 @@ COLS_SCHEDULES = [
     # ... and two an aggregate: the first with products of its own ((VT)^T), the second V^T alone
     Schedule(300, 200, (Panel(64, "cols", 256, 2, 4, cluster=True), Panel(64, "cols", 512, 1, 4),
                         Panel(64, "cols", 256, 2, 4, cluster=True), Panel(8, "cols", 128, 1, 2)), aggregate=128),
+    # taller than a block's shared memory holds every reflector of: the later block of the cluster reuses the slots
+    # of the earlier block's reflectors; at 1,024 rows consumers stream each reflector from shared memory
+    # (plan/cols.streams); aggregates of two widths
+    Schedule(1024, 192, (Panel(96, "cols", 384, 2, 4, cluster=True),) * 2, aggregate=96),
+    Schedule(736, 224, (Panel(96, "cols", 384, 2, 4, cluster=True), Panel(128, "cols", 512, 2, 4, cluster=True)),
+             aggregate=(96, 128)),
 ]
 
 LANES_SCHEDULES = [

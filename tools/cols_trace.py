@@ -40,7 +40,7 @@ BRANCHES = ("make_reflector<true>(alpha, sigma)", "make_reflector<false>(alpha, 
 SCATTER_START = "      reduce_scatter<16, 2>(d, lane);"
 SCATTER_END = "      d[0] = upper ? other : d[0];\n"
 PUBLISHED = "    mbar_arrive_first(bars + col);\n"
-CONSUMED = "    for (int c = 32 * J; c < last; ++c) consume<J>(c);\n"
+CONSUMED = "      consume<J>(c);\n"
 TRACED = 16  # reflectors whose every consumption is clocked
 TRACE_WARPS = 64  # room for every warp of a panel (32 a block, 2 blocks)
 TRACE_BATCH = 1024  # room for this many matrices
@@ -88,10 +88,9 @@ def instrument(source: str) -> str:
     stamp = "    if (lane == 0) qr_trace_clock[b * 1024 + col] = (unsigned)clock();\n"
     source = source.replace(PUBLISHED, PUBLISHED + stamp, 1)
     source = source.replace(CONSUMED, (
-        "    for (int c = 32 * J; c < last; ++c) {\n      consume<J>(c);\n"
+        "      consume<J>(c);\n"
         f"      if (lane == 0 && c < {TRACED})\n"
-        f"        qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + g * WARPS + warp] = (unsigned)clock();\n"
-        "    }\n"), 1)
+        f"        qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + g * WARPS + warp] = (unsigned)clock();\n"), 1)
     i = source.index("template <int M", source.index("struct ColsPanel") - 200)
     return source[:i] + TRACE_BUFFER + source[i:]
 

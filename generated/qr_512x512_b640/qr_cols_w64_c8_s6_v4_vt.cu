@@ -405,11 +405,17 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 constexpr int FULL_SLOTS = 6;
 constexpr int FULL_SLICE = 4;
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS, bool STREAM>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
   static constexpr bool PREP = TRAIL && WY;  // G, T and (VT)^T in shared memory and in the last block
+  // Reflectors a block holds in shared memory: all of them where it prepares (VT)^T or is alone; on a cluster
+  // without PREP only as many as a block owns, so the panel may be twice as tall: the later block first holds the
+  // earlier block's (pushed in), then, once every warp of it has applied them, its own in the same slots.
+  static constexpr bool REUSE = BLOCKS > 1 && !PREP;
+  static constexpr int HELD = REUSE ? WARPS * S : NB;
+  static_assert(!REUSE || BLOCKS == 2, "slots are reused between two blocks");
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.
@@ -427,16 +433,45 @@ struct ColsPanel {
   float x[SLOTS][S];
   float sigma = 0.0f, alpha = 0.0f;  // the norm below the diagonal of the column whose turn is next, and its pivot
 
+  // The shared memory slot of reflector c: the earlier block's (pushed in) keep their index, this block's start at 0
+  // under REUSE.
+  __device__ __forceinline__ int slot(int c) const { return REUSE && c >= g * WARPS * S ? c - g * WARPS * S : c; }
+
   // Apply reflector c (published by an earlier warp) to this warp's columns, two at a time: two sums by
   // reduce-scatter (6 shuffles) keep their temporaries in registers beside the columns. Rows above c are zero in
-  // the reflector: slots below J (c >= 32 J) hold none of its rows and are skipped.
+  // the reflector: slots below J (c >= 32 J) hold none of its rows and are skipped. STREAM (where holding the
+  // reflector would pass the register cap: plan/cols.streams): every column at once, the reflector read from
+  // shared memory for the sums and again, through a volatile pointer so that it is not held, for the updates.
   template <int J>
   __device__ __forceinline__ void consume(int c) {
     mbar_wait(bars + c, 0);
     const float tau = taus[c];
+    if constexpr (STREAM) {
+      float d[S];
+#pragma unroll
+      for (int k = 0; k < S; ++k) d[k] = 0.0f;
+#pragma unroll
+      for (int s = J; s < SLOTS; ++s) {
+        const float v = vs[slot(c) * RS + s * 32 + lane];
+#pragma unroll
+        for (int k = 0; k < S; ++k) d[k] = fmaf(v, x[s][k], d[k]);
+      }
+      reduce_scatter<16, S>(d, lane);  // the sum of column k in lanes k * 32 / S .. (k + 1) * 32 / S - 1
+      float e[S];
+#pragma unroll
+      for (int k = 0; k < S; ++k) e[k] = -warp_shuffle(d[0], k * (32 / S)) * tau;
+      const volatile float* vv = vs + slot(c) * RS + lane;
+#pragma unroll
+      for (int s = J; s < SLOTS; ++s) {
+        const float v = vv[s * 32];
+#pragma unroll
+        for (int k = 0; k < S; ++k) x[s][k] = fmaf(e[k], v, x[s][k]);
+      }
+      return;
+    }
     float v[SLOTS];
 #pragma unroll
-    for (int s = J; s < SLOTS; ++s) v[s] = vs[c * RS + s * 32 + lane];
+    for (int s = J; s < SLOTS; ++s) v[s] = vs[slot(c) * RS + s * 32 + lane];
 #pragma unroll
     for (int k0 = 0; k0 < S; k0 += 2) {
       float d[2] = {0.0f, 0.0f};
@@ -456,13 +491,13 @@ struct ColsPanel {
     }
   }
 
-  // Reflectors 32 J .. end - 1 (end: this warp's first column), slot by slot.
+  // Reflectors begin .. end - 1 from 32 J on, slot by slot.
   template <int J>
-  __device__ __forceinline__ void consume_all(int end) {
+  __device__ __forceinline__ void consume_all(int begin, int end) {
     const int last = min(end, 32 * J + 32);
-    for (int c = 32 * J; c < last; ++c) consume<J>(c);
+    for (int c = max(begin, 32 * J); c < last; ++c) consume<J>(c);
     if constexpr (J + 1 < SLOTS) {
-      if (last < end) consume_all<J + 1>(end);
+      if (last < end) consume_all<J + 1>(begin, end);
     }
   }
 
@@ -504,14 +539,14 @@ struct ColsPanel {
       const int r = s * 32 + lane;
       v[s] = below(s, r, col) ? x[s][I] * f.scale : (on(s, r, col) ? 1.0f : 0.0f);
       x[s][I] = below(s, r, col) ? v[s] : (on(s, r, col) ? f.beta : x[s][I]);
-      vs[col * RS + r] = r < mp ? v[s] : 0.0f;
+      vs[slot(col) * RS + r] = r < mp ? v[s] : 0.0f;
     }
     if (lane == 0) taus[col] = f.tau;
     mbar_arrive_first(bars + col);
     if constexpr (BLOCKS > 1) {
 #pragma unroll
       for (int p = 1; p < BLOCKS; ++p) {
-        if (p <= g) continue;
+        if (p <= g) continue;  // a later block keeps the reflector at its index (slot(col) == col here)
         if (lane == 0) mbar_arrive_expect_peer(peer[p], vs, bars + col, RS * 4 + 4);
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
@@ -566,7 +601,17 @@ struct ColsPanel {
         }
       }
     }
-    consume_all<0>(own > 0 ? gw * S : 0);
+    const int first = own > 0 ? gw * S : 0;
+    if constexpr (REUSE) {
+      const int theirs = g * WARPS * S;  // the earlier block's reflectors, in the slots this block's reuse
+      if (g > 0) {
+        consume_all<0>(0, min(first, theirs));
+        block_barrier();
+      }
+      consume_all<0>(theirs, first);
+    } else {
+      consume_all<0>(0, first);
+    }
     column_norm<0>(gw * S, sigma, alpha);
     produce_all<0>(vt);
     block_barrier();
@@ -634,14 +679,14 @@ struct ColsPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS, bool STREAM>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
-  float* taus = vs + NB * P::RS;
+  float* taus = vs + P::HELD * P::RS;
   float* gram = taus + NB;
   float* tmat = gram + (P::PREP ? NB * (NB + 1) : 0);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(
@@ -663,6 +708,6 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(256, 1)
 qr_cols_w64_c8_s6_v4_vt(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
-  panel_cols<512, 512, 512, 6, 64, 8, 4, 0, true, false, 1>(
+  panel_cols<512, 512, 512, 6, 64, 8, 4, 0, true, false, 1, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..targets import CLUSTERS, MBARRIER
+from ..targets import CLUSTERS, MBARRIER, cuda
 from . import family
 from .family import PANEL_SIGNATURE as SIGNATURE  # noqa: F401
 
@@ -17,6 +17,8 @@ BLOCKS = (1, 2)  # blocks a matrix (2: one cluster)
 # registers beside the columns and one reflector: the fewest ptxas fits a panel in under the cap without spilling
 # (tests/compile checks the panels this admits)
 REG_OVERHEAD = 18
+# ... beside the columns alone, where consumers stream the reflector from shared memory (streams)
+STREAM_OVERHEAD = 26
 SLICES = (2, 4, 8)
 
 
@@ -51,19 +53,62 @@ def slots(panel, rows: int) -> int:
     return math.ceil(rows / 32)
 
 
+def held_registers(slots_: int, slice_: int) -> int:
+    """Registers a thread needs with its columns and a consumed reflector's rows in registers."""
+    return slots_ * (slice_ + 1) + slice_ + REG_OVERHEAD
+
+
+def streams(slots_: int, slice_: int, threads: int) -> bool:
+    """Whether consumers read each reflector from shared memory twice (for the sums, then for the updates) instead
+    of holding its rows: where holding them would pass the register cap of `threads` threads (ColsPanel's STREAM;
+    the same register file on every CUDA architecture)."""
+    limits = cuda.ARCHS[cuda.BACKEND.default_arch].limits
+    return held_registers(slots_, slice_) > family.register_cap(threads, limits)
+
+
+def as_measured(schedule, limits) -> bool:
+    """Whether every cols panel of the schedule runs the kernel the defaults were measured with: consumers holding
+    each reflector's rows (no streams) and each block holding every reflector. Streaming and the later block's
+    reuse of slots (taller cluster panels) are for schedules that ask for them, tuned or written by hand."""
+    from .planner import panel_outputs
+    from .layout import aggregates
+
+    aggs = aggregates(schedule)
+    for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
+        if panel.variant != VARIANT:
+            continue
+        rows = schedule.m - c0
+        out = panel_outputs(schedule, index, aggs)
+        prep = out.trail and not out.vt_only
+        if (streams(slots(panel, rows), panel.slice, panel.threads)
+                or shared_bytes_of(panel.width, slots(panel, rows), prep) > limits.shared_bytes):
+            return False
+    return True
+
+
 def registers(panel, rows: int) -> int:
-    return slots(panel, rows) * (panel.slice + 1) + panel.slice + REG_OVERHEAD
+    s = slots(panel, rows)
+    if streams(s, panel.slice, panel.threads):
+        return s * panel.slice + STREAM_OVERHEAD
+    return held_registers(s, panel.slice)
 
 
-def shared_bytes_of(width: int, slots_: int, trail: bool) -> int:
-    """Every reflector (padded rows), tau, G and T when it prepares (VT)^T (trail), and one 8-byte mbarrier per
-    reflector (panel_cols's layout)."""
-    floats = width * slots_ * 32 + width + (2 * width * (width + 1) if trail else 0)
+def held(width: int, slice_: int, blocks: int, trail: bool) -> int:
+    """Reflectors a block holds in shared memory: every one where it prepares (VT)^T (trail) or is alone, else
+    those of one block's warps (ColsPanel::HELD: the later block reuses the earlier one's slots)."""
+    return width if trail or blocks == 1 else math.ceil(math.ceil(width / slice_) / blocks) * slice_
+
+
+def shared_bytes_of(width: int, slots_: int, trail: bool, held_: int | None = None) -> int:
+    """The held reflectors (padded rows; all of them unless given), every tau, G and T when it prepares (VT)^T
+    (trail), and one 8-byte mbarrier per reflector (panel_cols's layout)."""
+    held_ = width if held_ is None else held_
+    floats = held_ * slots_ * 32 + width + (2 * width * (width + 1) if trail else 0)
     return 4 * (floats + (floats & 1)) + 8 * width
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
-    return shared_bytes_of(panel.width, slots(panel, rows), trail)
+    return shared_bytes_of(panel.width, slots(panel, rows), trail, held(panel.width, panel.slice, panel.blocks, trail))
 
 
 spec_shared = shared_bytes
@@ -78,7 +123,8 @@ def features(panel) -> tuple[str, ...]:
 
 
 def name(spec) -> str:
-    suffix = ("_vt" if spec.vt_only else "_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+    suffix = (("_vt" if spec.vt_only else "_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+              + ("_st" if streams(spec.slots, spec.slice, spec.threads) else ""))
     return (f"qr_cols_w{spec.width}_c{spec.slice}{f'_x{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
             f"_v{spec.vec}{suffix}")
 
@@ -88,4 +134,4 @@ def describe(panel) -> str:
 
 
 def render(spec, schedule, target):
-    return family.render_panel(spec, schedule, target)
+    return family.render_panel(spec, schedule, target, cols_stream=streams(spec.slots, spec.slice, spec.threads))

@@ -115,13 +115,13 @@ def rows_slots(panel, rows: int) -> int:
     return math.ceil(math.ceil(rows / panel.blocks) / panel.threads)
 
 
-def render_panel(spec: KernelSpec, schedule, target, min_blocks: int = 1) -> Rendered:
+def render_panel(spec: KernelSpec, schedule, target, min_blocks: int = 1, **context) -> Rendered:
     """A panel kernel's source (templates/<backend>/qr<suffix>.j2, one launch contract for every panel variant of a
-    backend)."""
+    backend); context: a family's own template values."""
     record = target.record
     template = environment().get_template(f"{record.template_dir}/qr{record.suffix}.j2")
     extra = importlib.import_module(record.families).render_panel(spec, schedule) if record.families else {}
     source = template.render(version=__version__, m=schedule.m, n=schedule.n, k_total=min(schedule.m, schedule.n),
                              arch=target.arch, gram_code=PRECISION_CODE[schedule.precision.gram], k=spec,
-                             min_blocks=min_blocks, **extra)
+                             min_blocks=min_blocks, **context, **extra)
     return Rendered(spec.name, source)

@@ -8,15 +8,12 @@ def aggregates(schedule) -> tuple[Aggregate, ...]:
     """The schedule's aggregates; without aggregation, each panel is its own and nothing follows its last panel.
     With Schedule.reach an aggregate's merged form updates from where the next aggregate ends (a keep plan merges
     every aggregate all the same, for Q)."""
-    if not schedule.aggregate:
-        return ()
-    k, size = min(schedule.m, schedule.n), schedule.aggregate
+    windows = schedule.windows()
     starts = schedule.starts()
     out = []
-    for a0 in range(0, k, size):
-        a1 = min(a0 + size, k)
-        c1 = min(a1 + size, k) if schedule.reach and a1 < k else a1
-        panels = [i for i, c in enumerate(starts) if a0 <= c < a1]
+    for i, (a0, a1) in enumerate(windows):
+        c1 = windows[i + 1][1] if schedule.reach and i + 1 < len(windows) else a1
+        panels = [p for p, c in enumerate(starts) if a0 <= c < a1]
         out.append(Aggregate(a0, a1, schedule.m - a0, schedule.n - c1, panels[0], panels[-1], c1))
     return tuple(out)
 

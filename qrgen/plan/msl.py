@@ -114,8 +114,9 @@ def check(schedule, target) -> None:
     if "bf16" in stages.values() and SIMDGROUP_BFLOAT not in target.features:
         raise ValueError(f"Schedule.precision {stages}: {target.arch} has no bfloat simdgroup matrices "
                          f"({SIMDGROUP_BFLOAT})")
-    if schedule.aggregate > TMAT_MAX:
-        raise ValueError(f"Schedule.aggregate {schedule.aggregate}: Metal's T kernel takes at most {TMAT_MAX}")
+    if schedule.widest_aggregate > TMAT_MAX:
+        raise ValueError(f"Schedule.aggregate {schedule.aggregate}: Metal's T kernel takes at most {TMAT_MAX} "
+                         f"columns")
 
 
 def product_kernels(schedule, launches, aggregates, keep: bool) -> list[KernelSpec]:

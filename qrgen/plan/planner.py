@@ -66,8 +66,8 @@ def check(schedule, target: Target) -> None:
     limits = target.limits
     if target.record.families:
         importlib.import_module(target.record.families).check(schedule, target)
-    elif schedule.aggregate > tmat.max_reflectors(target):
-        raise ValueError(f"Schedule.aggregate is {schedule.aggregate} columns; the T kernel takes at most "
+    elif schedule.widest_aggregate > tmat.max_reflectors(target):
+        raise ValueError(f"Schedule.aggregate has {schedule.widest_aggregate} columns; the T kernel takes at most "
                          f"{tmat.max_reflectors(target)} on {target.arch} (its shared memory)")
     aggs = aggregates(schedule)
     for index, panel in enumerate(schedule.panels):

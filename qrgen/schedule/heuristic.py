@@ -6,6 +6,7 @@ import importlib
 import math
 from dataclasses import dataclass
 
+from ..plan import cols
 from ..plan.lanes import wide_code_rows
 from ..problem import Problem
 from ..targets import CLUSTERS, Target
@@ -205,7 +206,8 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
             check(Schedule(problem.m, n, (panel,)), target)
         except ValueError:
             continue
-        return panel
+        if cols.as_measured(Schedule(problem.m, n, (panel,)), target.limits):
+            return panel
     return None
 
 
@@ -231,6 +233,8 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
                                                  fit_aggregate(width, target)))
                 check(schedule, target)
             except ValueError:
+                continue
+            if not cols.as_measured(schedule, target.limits):
                 continue
             if problem.batch > COLS_MAX_BATCH and width == COLS_AGGREGATE_WIDTHS[0]:
                 return None  # past one wave, only panels narrower than the widest gain (on the taller matrices)

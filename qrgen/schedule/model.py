@@ -116,8 +116,9 @@ class Schedule:
     precision: Precision = field(default_factory=Precision)
     # Columns per aggregate: 0, every panel updates all the columns right of it; A > 0, a panel updates the columns
     # of its aggregate (A columns from a multiple of A) and each aggregate's compact WY form, merged from its
-    # panels', updates the rest at once (rank-A updates instead of rank-width ones).
-    aggregate: int = 0
+    # panels', updates the rest at once (rank-A updates instead of rank-width ones). A tuple: each aggregate's
+    # width in turn (summing to min(m, n)), such as narrower aggregates where the columns are tallest.
+    aggregate: int | tuple[int, ...] = 0
     # How each panel's own two products (W = (V T)^T C, C -= V W) run: "cublas", strided-batched GEMMs at the
     # precisions above; "rowsplit", generated fp32 kernels that also split the rows over blocks (plan/rowsplit.py), for small batches whose GEMMs would leave most SMs idle; "fused", one generated fp32 kernel for
     # both (plan/fused.py: W stays in shared memory, a block per 32 columns of C per matrix), for
@@ -143,9 +144,17 @@ class Schedule:
         widths = [p.width for p in self.panels]
         if sum(widths) != k:
             raise ValueError(f"Schedule.panels widths {widths} sum to {sum(widths)}, must sum to min(m, n) = {k}")
-        if not isinstance(self.aggregate, int) or self.aggregate < 0 or self.aggregate > MAX_AGGREGATE:
-            raise ValueError(f"Schedule.aggregate must be 0 (off) or a column count up to {MAX_AGGREGATE}, "
-                             f"got {self.aggregate!r}")
+        if isinstance(self.aggregate, list):
+            object.__setattr__(self, "aggregate", tuple(self.aggregate))
+        if isinstance(self.aggregate, tuple):
+            if (not self.aggregate or any(isinstance(a, bool) or not isinstance(a, int) or not 0 < a <= MAX_AGGREGATE
+                                          for a in self.aggregate) or sum(self.aggregate) != k):
+                raise ValueError(f"Schedule.aggregate as a tuple is each aggregate's width, from 1 to {MAX_AGGREGATE} "
+                                 f"columns, summing to min(m, n) = {k}; got {self.aggregate!r}")
+        elif (isinstance(self.aggregate, bool) or not isinstance(self.aggregate, int) or self.aggregate < 0
+              or self.aggregate > MAX_AGGREGATE):
+            raise ValueError(f"Schedule.aggregate must be 0 (off), a column count up to {MAX_AGGREGATE}, or a tuple "
+                             f"of such counts (each aggregate's) summing to min(m, n) = {k}; got {self.aggregate!r}")
         if self.panel_update not in PANEL_UPDATES:
             raise ValueError(f"Schedule.panel_update must be one of {PANEL_UPDATES}, got {self.panel_update!r}")
         if self.panel_update in ("rowsplit", "fused") and max(widths) > 32:
@@ -180,10 +189,27 @@ class Schedule:
                                  "precisions, no aggregates and panel_update 'cublas' (the defaults)")
         if self.aggregate:
             starts = set(self.starts())
-            cut = next((c for c in range(self.aggregate, k, self.aggregate) if c not in starts), None)
+            cut = next((a0 for a0, _ in self.windows() if a0 not in starts), None)
             if cut is not None:
                 raise ValueError(f"Schedule.aggregate {self.aggregate}: column {cut} starts an aggregate but no "
                                  f"panel; panels must not straddle aggregates (panel starts: {sorted(starts)})")
+
+    def windows(self) -> list[tuple[int, int]]:
+        """Each aggregate's columns [a0, a1), in order (none without aggregates)."""
+        k = min(self.m, self.n)
+        if not self.aggregate:
+            return []
+        widths = self.aggregate if isinstance(self.aggregate, tuple) else [self.aggregate] * -(-k // self.aggregate)
+        out, a0 = [], 0
+        for w in widths:
+            out.append((a0, min(a0 + w, k)))
+            a0 += w
+        return out
+
+    @property
+    def widest_aggregate(self) -> int:
+        """The widest aggregate's columns (0 without aggregates)."""
+        return max((a1 - a0 for a0, a1 in self.windows()), default=0)
 
     def starts(self) -> list[int]:
         """First column (and row) of each panel."""
@@ -210,7 +236,7 @@ class Schedule:
                 "panels": [p.to_json() for p in self.panels],
                 "precision": asdict(self.precision)}
         if self.aggregate:
-            data["aggregate"] = self.aggregate
+            data["aggregate"] = list(self.aggregate) if isinstance(self.aggregate, tuple) else self.aggregate
         if self.panel_update != "cublas":
             data["panel_update"] = self.panel_update
         if self.lookahead:
@@ -248,7 +274,16 @@ class Schedule:
             parts.append(f"{count}x{p.width} {p.variant}({p.threads} threads{extra})")
         prec = self.precision
         text = " + ".join(parts) + f"; precision gram={prec.gram} project={prec.project} update={prec.update}"
-        text += f"; aggregates of {self.aggregate} columns" if self.aggregate else ""
+        if isinstance(self.aggregate, tuple):
+            runs: list[list[int]] = []
+            for a in self.aggregate:
+                if runs and runs[-1][0] == a:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([a, 1])
+            text += "; aggregates of " + " + ".join(f"{c}x{a}" for a, c in runs) + " columns"
+        elif self.aggregate:
+            text += f"; aggregates of {self.aggregate} columns"
         text += f" (lookahead, pieces of {self.lookahead} waves)" if self.lookahead else ""
         text += "; panel products reach through the next aggregate (merges on the side lane)" if self.reach else ""
         text += "; aggregate products fused (one tf32x3 launch)" if self.aggregate_update == "fused" else ""

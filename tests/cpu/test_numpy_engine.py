@@ -168,6 +168,37 @@ def test_aggregate_validation():
     assert "aggregate" not in default_schedule(Problem(50, 50)).to_json()
 
 
+@pytest.mark.parametrize("lookahead,reach", [(0, False), (2, False), (2, True)])
+def test_aggregates_of_given_widths(lookahead, reach):
+    """Schedule.aggregate as a tuple: each aggregate's width in turn (narrower where the columns are tallest); the
+    planner's aggregates follow it (with reach, each reaching through the next), it saves and loads, its products
+    pass the gates on every stress family; widths that do not sum to min(m, n), a window a panel straddles, or a
+    non-positive width are refused."""
+    from qrgen.plan.layout import aggregates
+
+    panels = (Panel(16, "rows", 64),) * 6 + (Panel(32, "rows", 64),) * 3
+    schedule = Schedule(240, 192, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=(32, 64, 96),
+                        lookahead=lookahead, reach=reach)
+    assert schedule.windows() == [(0, 32), (32, 96), (96, 192)] and schedule.widest_aggregate == 96
+    aggs = aggregates(schedule)
+    assert [(a.a0, a.a1, a.c1, a.first, a.last) for a in aggs] == [
+        (0, 32, 96 if reach else 32, 0, 1), (32, 96, 192 if reach else 96, 2, 5), (96, 192, 192, 6, 8)]
+    assert Schedule.from_json(schedule.to_json()) == schedule and schedule.to_json()["aggregate"] == [32, 64, 96]
+    assert "aggregates of 1x32 + 1x64 + 1x96 columns" in schedule.describe()
+    for family in FAMILIES:
+        a = stress(family, 240, 192, 2, seed=4)
+        h, tau, log = numpy_engine.geqrf(a, schedule)
+        assert check(a, h, tau).ok, family
+    # a merge for each aggregate whose form updates columns (with reach: past the next aggregate)
+    assert sum(1 for e in log if e[0] == "tmat") == (1 if reach else 2)
+    with pytest.raises(ValueError, match="summing to"):
+        Schedule(240, 192, panels, aggregate=(32, 64))
+    with pytest.raises(ValueError, match="straddle"):
+        Schedule(240, 192, panels, aggregate=(40, 56, 96))
+    with pytest.raises(ValueError, match="Schedule.aggregate"):
+        Schedule(240, 192, panels, aggregate=(0, 96, 96))
+
+
 def test_skipping_stages_leaves_the_others():
     """The engine wrapper that `qrgen bench --profile` times by difference passes everything but the named stages."""
     from qrgen.run.engine import SkipStages
