@@ -183,11 +183,12 @@ struct ColsPanel {
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
       if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);
     }
-    if constexpr (TRAIL && !WY) {
-#pragma unroll
+    if constexpr (TRAIL && !WY) {  // the reflector again from the column (below the diagonal it is v), so that v
+#pragma unroll                     // is not held past the updates
       for (int s = 0; s < SLOTS; ++s) {
         const int r = s * 32 + lane;
-        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = v[s];
+        const float vr = below(s, r, col) ? x[s][I] : (on(s, r, col) ? 1.0f : 0.0f);
+        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = vr;
       }
     }
   }
