@@ -491,13 +491,20 @@ struct ColsPanel {
     }
   }
 
-  // Reflectors begin .. end - 1 from 32 J on, slot by slot.
+  // Reflectors 32 J .. end - 1 (end: this warp's first column), slot by slot. REUSE: in the later block, once
+  // every warp has applied the earlier block's reflectors (the last at c + 1 == g * WARPS * S), a block barrier
+  // before any of them writes its own into the same slots (warps without columns meet it in run).
   template <int J>
-  __device__ __forceinline__ void consume_all(int begin, int end) {
+  __device__ __forceinline__ void consume_all(int end) {
     const int last = min(end, 32 * J + 32);
-    for (int c = max(begin, 32 * J); c < last; ++c) consume<J>(c);
+    for (int c = 32 * J; c < last; ++c) {
+      consume<J>(c);
+      if constexpr (REUSE) {
+        if (g > 0 && c + 1 == g * WARPS * S) block_barrier();
+      }
+    }
     if constexpr (J + 1 < SLOTS) {
-      if (last < end) consume_all<J + 1>(begin, end);
+      if (last < end) consume_all<J + 1>(end);
     }
   }
 
@@ -566,11 +573,12 @@ struct ColsPanel {
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
       if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);
     }
-    if constexpr (TRAIL && !WY) {
-#pragma unroll
+    if constexpr (TRAIL && !WY) {  // the reflector again from the column (below the diagonal it is v), so that v
+#pragma unroll                     // is not held past the updates
       for (int s = 0; s < SLOTS; ++s) {
         const int r = s * 32 + lane;
-        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = v[s];
+        const float vr = below(s, r, col) ? x[s][I] : (on(s, r, col) ? 1.0f : 0.0f);
+        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = vr;
       }
     }
   }
@@ -601,16 +609,9 @@ struct ColsPanel {
         }
       }
     }
-    const int first = own > 0 ? gw * S : 0;
+    consume_all<0>(own > 0 ? gw * S : 0);
     if constexpr (REUSE) {
-      const int theirs = g * WARPS * S;  // the earlier block's reflectors, in the slots this block's reuse
-      if (g > 0) {
-        consume_all<0>(0, min(first, theirs));
-        block_barrier();
-      }
-      consume_all<0>(theirs, first);
-    } else {
-      consume_all<0>(0, first);
+      if (g > 0 && own == 0) block_barrier();  // consume_all's barrier, for a warp that applies no reflector
     }
     column_norm<0>(gw * S, sigma, alpha);
     produce_all<0>(vt);
