@@ -93,8 +93,26 @@ def test_cols_panels_write_vt_alone_where_no_products_of_their_own_follow():
     wide = Schedule(352, 352, (Panel(128, "cols", 512, 2, 4, cluster=True),) * 2
                     + (Panel(96, "cols", 384, 2, 4, cluster=True),), aggregate=128)
     assert plan(wide).launches[0].shared_bytes <= SM90.limits.shared_bytes < cols.shared_bytes_of(128, 11, True)
+
     with pytest.raises(ValueError, match="shared memory"):
         check(dataclasses.replace(wide, aggregate=0), SM90)
+
+
+def test_tall_cols_panels_reuse_slots_and_stream_reflectors():
+    """A cols panel on a cluster of two without products of its own holds one block's share of the reflectors
+    (the later block reuses the earlier one's slots); where a held reflector would pass the register cap, consumers
+    stream it (`_st`). Neither is what the defaults were measured with (cols.as_measured), which keeps them."""
+    from kernel_cases import COLS_SCHEDULES
+
+    tall = COLS_SCHEDULES[-2]  # 1024 x 192, two 96-column panels on clusters of two, aggregates of 96
+    launches = plan(tall).launches
+    assert [L.kernel for L in launches] == ["qr_cols_w96_c4_x2_s32_v4_vt_st", "qr_cols_w96_c4_x2_s29_v4"]
+    assert launches[0].shared_bytes == cols.shared_bytes_of(96, 32, False, 48) <= SM90.limits.shared_bytes
+    assert cols.shared_bytes_of(96, 32, False) > SM90.limits.shared_bytes  # every reflector would not fit
+    assert cols.streams(32, 4, 384) and not cols.streams(29, 4, 384) and not cols.streams(32, 4, 256)
+    assert cols.held(96, 4, 2, False) == 48 and cols.held(96, 4, 2, True) == 96 and cols.held(96, 4, 1, False) == 96
+    assert not cols.as_measured(tall, SM90.limits)
+    assert cols.as_measured(default_schedule(Problem(352, 352, 40)), SM90.limits)
 
 
 @pytest.mark.parametrize("width,slice_", [(1, 2), (2, 2), (4, 4), (8, 8)])
