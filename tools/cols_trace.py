@@ -10,6 +10,9 @@ warps on a cluster of two blocks). Each variant is the rendered kernel
   shipped    as rendered;
   branches   the producer's reflector with branches (make_reflector<false>), not selects;
   butterfly  a consumer's two sums by a butterfly each (10 shuffles), not by reduce-scatter (6);
+  split      each dot and norm of 32-row slots summed in two accumulators (halving the dependent FMA chains);
+  latepush   a producer pushes its reflector into the later block after updating its next column and starting
+             that column's norm (off the column's chain), not right after publishing it;
 and a '+' joins them. For each: the median event time of 30 calls (L2 flushed), the gates on random and on mixed
 hostile matrices, and with --trace the clock after each reflector is published (a stored clock per column; the
 kernel's time is printed too, as the stamps change how ptxas schedules it): cycles column to column inside a warp
@@ -46,7 +49,47 @@ TRACE_WARPS = 64  # room for every warp of a panel (32 a block, 2 blocks)
 TRACE_BATCH = 1024  # room for this many matrices
 TRACE_BUFFER = (f"__device__ unsigned qr_trace_clock[{TRACE_BATCH} * 1024];\n"
                 f"__device__ unsigned qr_trace_consumed[{TRACE_BATCH} * {TRACED} * {TRACE_WARPS}];\n")
-VARIANTS = ("shipped", "branches", "butterfly")
+# split: (anchor, replacement) pairs, two accumulators for a consumer's pair of sums, a column's norm and a producer's
+# dot with its later column
+SPLIT = (
+    ("""      float d[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int s = J; s < SLOTS; ++s)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) d[k] = fmaf(v[s], x[s][k0 + k], d[k]);
+""", """      float d[2] = {0.0f, 0.0f}, e[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int s = J; s < SLOTS; ++s)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          if ((s - J) & 1) e[k] = fmaf(v[s], x[s][k0 + k], e[k]);
+          else d[k] = fmaf(v[s], x[s][k0 + k], d[k]);
+        }
+      d[0] += e[0];
+      d[1] += e[1];
+"""),
+    ("      sig = fmaf(a, a, sig);", "      if (s & 1) sig2 = fmaf(a, a, sig2);\n      else sig = fmaf(a, a, sig);"),
+    ("    float sig = 0.0f, piv = 0.0f;", "    float sig = 0.0f, sig2 = 0.0f, piv = 0.0f;"),
+    ("    sigma = warp_sum(sig);", "    sigma = warp_sum(sig + sig2);"),
+    ("""      float d = 0.0f;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) d = fmaf(v[s], x[s][k], d);
+      d = warp_sum(d) * f.tau;""", """      float d = 0.0f, d2 = 0.0f;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        if (s & 1) d2 = fmaf(v[s], x[s][k], d2);
+        else d = fmaf(v[s], x[s][k], d);
+      }
+      d = warp_sum(d + d2) * f.tau;"""),
+)
+# latepush: the producer's push into later blocks (from PUSH_START to PUSH_END) becomes a lambda, called after the
+# next column's norm is started (LATE_PUSH), or at once by a warp's last column
+PUSH_START = "    if constexpr (BLOCKS > 1) {\n#pragma unroll\n      for (int p = 1; p < BLOCKS; ++p) {"
+PUSH_END = "        if (lane == 0) push_peer_at(peer[p], vs, taus + col, f.tau, bars + col);\n      }\n    }\n"
+LATE_PUSH = ("      if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);\n",
+             "      if (k == I + 1) {\n        column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);\n"
+             "        push();\n      }\n")
+VARIANTS = ("shipped", "branches", "butterfly", "split", "latepush")
 
 
 def _replace(source: str, old: str, new: str) -> str:
@@ -72,6 +115,16 @@ def variant_source(source: str, variant: str) -> str:
             raise ValueError(f"variant parts are {VARIANTS}, got {part!r}")
         if part == "branches":
             source = _replace(source, *BRANCHES)
+        elif part == "split":
+            for old, new in SPLIT:
+                source = _replace(source, old, new)
+        elif part == "latepush":
+            if PUSH_START not in source or PUSH_END not in source:
+                raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")
+            i = source.index(PUSH_START)
+            j = source.index(PUSH_END, i) + len(PUSH_END)
+            push = "    auto push = [&]() {\n" + source[i:j] + "    };\n    if constexpr (I + 1 == S) push();\n"
+            source = _replace(source[:i] + push + source[j:], *LATE_PUSH)
         elif part == "butterfly":
             if SCATTER_START not in source or SCATTER_END not in source:
                 raise ValueError("the cols template changed: an anchor of tools/cols_trace.py is missing")

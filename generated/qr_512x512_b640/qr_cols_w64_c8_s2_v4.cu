@@ -405,7 +405,8 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 constexpr int FULL_SLOTS = 6;
 constexpr int FULL_SLICE = 4;
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS, bool STREAM>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
+          bool STREAM>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
@@ -680,7 +681,8 @@ struct ColsPanel {
   }
 };
 
-template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS, bool STREAM>
+template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
+          bool STREAM>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {

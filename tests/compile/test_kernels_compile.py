@@ -297,7 +297,7 @@ def test_cols_trace_tool_patches_the_current_template():
     for n, slice_, blocks in ((160, 8, 1), (176, 4, 2)):
         rendered, shared = script.kernel(n, slice_, SM90, blocks)
         assert shared > 48 * 1024
-        for variant in ("branches", "butterfly", "branches+butterfly"):
+        for variant in ("branches", "butterfly", "branches+butterfly", "split", "latepush", "split+latepush"):
             source = script.variant_source(rendered.source, variant)
             assert source != rendered.source
             items += [(f"{rendered.name}_{len(items)}", source),
