@@ -574,8 +574,10 @@ struct ColsPanel {
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
       if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);
     }
-    if constexpr (TRAIL && !WY) {  // the reflector again from the column (below the diagonal it is v), so that v
-#pragma unroll                     // is not held past the updates
+    // TRAIL without WY: V^T's row from the column (below the diagonal it is v), so that v is not held past the
+    // updates
+    if constexpr (TRAIL && !WY) {
+#pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const int r = s * 32 + lane;
         const float vr = below(s, r, col) ? x[s][I] : (on(s, r, col) ? 1.0f : 0.0f);

@@ -203,10 +203,11 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
     for slice_, blocks in _cols_shapes(problem):
         try:  # Panel refuses more than 1024 threads, check what the target cannot hold or run
             panel = cols_panel(n, slice_, blocks)
-            check(Schedule(problem.m, n, (panel,)), target)
+            schedule = Schedule(problem.m, n, (panel,))
+            check(schedule, target)
         except ValueError:
             continue
-        if cols.as_measured(Schedule(problem.m, n, (panel,)), target.limits):
+        if cols.as_measured(schedule, target.limits):
             return panel
     return None
 
