@@ -133,7 +133,8 @@ def test_the_schedules_picked_for_other_archs_pass_the_gates_on_the_cpu(arch):
 DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDULES[6],
          "lanes_cluster_2048x96": LANES_SCHEDULES[10], "lanes_block_160x160": LANES_SCHEDULES[17],
          "rows_cooperative_2048x64": OTHER_SCHEDULES["rows_cooperative_2048x64"],
-         "rows_cluster_1024x64": OTHER_SCHEDULES["rows_cluster_1024x64"]}
+         "rows_cluster_1024x64": OTHER_SCHEDULES["rows_cluster_1024x64"],
+         "cols_reuse_1024x192": COLS_SCHEDULES[-2]}
 
 
 @pytest.mark.parametrize("case", DRAWN)
@@ -146,6 +147,29 @@ def test_kernels_that_wait_pass_in_drawn_turn_orders_on_the_cpu(case):
 @pytest.mark.parametrize("case", DRAWN)
 def test_kernels_that_wait_pass_with_a_straggler_on_the_cpu(case):
     _gates(DRAWN[case], 2, straggler=_last_warp(DRAWN[case]))
+
+
+def test_slot_reuse_without_its_barrier_fails_with_a_straggler_in_the_later_block(monkeypatch):
+    # The later block of a tall cluster cols panel puts its own reflectors in the slots of the earlier block's once
+    # every warp of it has applied those: without that barrier a warp lagging behind reads a slot overwritten.
+    schedule = DRAWN["cols_reuse_1024x192"]
+    source = host.source
+    barriers = ("        if (g > 0 && c + 1 == g * WARPS * S) block_barrier();\n",
+                "      if (g > 0 && own == 0) block_barrier();  // consume_all's barrier, for a warp that applies no "
+                "reflector\n")
+
+    def no_barrier(spec, schedule_, target):
+        code = source(spec, schedule_, target)
+        if spec.name.startswith("qr_cols"):
+            for line in barriers:
+                assert line in code
+                code = code.replace(line, "")
+        return code
+
+    monkeypatch.setattr(host, "source", no_barrier)
+    a, _ = mixed(schedule.m, schedule.n, 2, seed=5)
+    h, tau = host_engine.geqrf(a, schedule, TARGET, straggler=_last_warp(schedule))
+    assert not check(a, h, tau).ok
 
 
 def test_a_cluster_lanes_panel_with_one_receive_buffer_fails_with_a_straggler(monkeypatch):
