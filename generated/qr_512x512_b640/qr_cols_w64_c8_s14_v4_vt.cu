@@ -406,17 +406,16 @@ constexpr int FULL_SLOTS = 6;
 constexpr int FULL_SLICE = 4;
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
-          bool STREAM>
+          bool STREAM, bool REUSE>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
   static constexpr bool PREP = TRAIL && WY;  // G, T and (VT)^T in shared memory and in the last block
-  // Reflectors a block holds in shared memory: all of them where it prepares (VT)^T or is alone; on a cluster
-  // without PREP only as many as a block owns, so the panel may be twice as tall: the later block first holds the
-  // earlier block's (pushed in), then, once every warp of it has applied them, its own in the same slots.
-  static constexpr bool REUSE = BLOCKS > 1 && !PREP;
+  // Reflectors a block holds in shared memory: all of them, or with REUSE (a cluster panel without PREP too tall for
+  // that: plan/cols.reuses) only as many as a block owns: the later block first holds the earlier block's (pushed
+  // in), then, once every warp of it has applied them, its own in the same slots.
   static constexpr int HELD = REUSE ? WARPS * S : NB;
-  static_assert(!REUSE || BLOCKS == 2, "slots are reused between two blocks");
+  static_assert(!REUSE || (BLOCKS == 2 && !PREP), "slots are reused between two blocks, without (VT)^T to prepare");
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.
@@ -684,11 +683,11 @@ struct ColsPanel {
 };
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
-          bool STREAM>
+          bool STREAM, bool REUSE>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM, REUSE>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = vs + P::HELD * P::RS;
@@ -713,6 +712,6 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(256, 1)
 qr_cols_w64_c8_s14_v4_vt(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
-  panel_cols<512, 512, 512, 14, 64, 8, 4, 0, true, false, 1, false>(
+  panel_cols<512, 512, 512, 14, 64, 8, 4, 0, true, false, 1, false, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

@@ -67,9 +67,9 @@ def streams(slots_: int, slice_: int, threads: int) -> bool:
 
 
 def as_measured(schedule, limits) -> bool:
-    """Whether every cols panel of the schedule runs the kernel the defaults were measured with: consumers holding
-    each reflector's rows (no streams) and each block holding every reflector. Streaming and the later block's
-    reuse of slots (taller cluster panels) are for schedules that ask for them, tuned or written by hand."""
+    """Whether every cols panel of the schedule runs the kernel default_cols and default_cols_aggregates were
+    measured with: consumers holding each reflector's rows (no streams) and each block holding every reflector.
+    Streaming and slot reuse are for taller panels (default_cols_tall's, or schedules that ask for them)."""
     from .planner import panel_outputs
     from .layout import aggregates
 
@@ -93,10 +93,22 @@ def registers(panel, rows: int) -> int:
     return held_registers(s, panel.slice)
 
 
-def held(width: int, slice_: int, blocks: int, trail: bool) -> int:
-    """Reflectors a block holds in shared memory: every one where it prepares (VT)^T (trail) or is alone, else
-    those of one block's warps (ColsPanel::HELD: the later block reuses the earlier one's slots)."""
-    return width if trail or blocks == 1 else math.ceil(math.ceil(width / slice_) / blocks) * slice_
+def reuses(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> bool:
+    """Whether the later block of a cluster panel reuses the earlier block's reflector slots (ColsPanel's REUSE):
+    only where holding every reflector would not fit the default architecture's shared memory (a barrier in the
+    later block is its price), on clusters of two without (VT)^T to prepare (trail)."""
+    if trail or blocks == 1:
+        return False
+    limits = cuda.ARCHS[cuda.BACKEND.default_arch].limits
+    return shared_bytes_of(width, slots_, trail) > limits.shared_bytes
+
+
+def held(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> int:
+    """Reflectors a block holds in shared memory: every one, or where it reuses slots (reuses) those of one
+    block's warps (ColsPanel::HELD)."""
+    if not reuses(width, slots_, slice_, blocks, trail):
+        return width
+    return math.ceil(math.ceil(width / slice_) / blocks) * slice_
 
 
 def shared_bytes_of(width: int, slots_: int, trail: bool, held_: int | None = None) -> int:
@@ -108,7 +120,8 @@ def shared_bytes_of(width: int, slots_: int, trail: bool, held_: int | None = No
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
-    return shared_bytes_of(panel.width, slots(panel, rows), trail, held(panel.width, panel.slice, panel.blocks, trail))
+    s = slots(panel, rows)
+    return shared_bytes_of(panel.width, s, trail, held(panel.width, s, panel.slice, panel.blocks, trail))
 
 
 spec_shared = shared_bytes
@@ -122,9 +135,13 @@ def features(panel) -> tuple[str, ...]:
     return (MBARRIER, CLUSTERS) if panel.cluster else (MBARRIER,)
 
 
+def spec_reuses(spec) -> bool:
+    return reuses(spec.width, spec.slots, spec.slice, spec.blocks, spec.trail and not spec.vt_only)
+
+
 def name(spec) -> str:
     suffix = (("_vt" if spec.vt_only else "_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
-              + ("_st" if streams(spec.slots, spec.slice, spec.threads) else ""))
+              + ("_st" if streams(spec.slots, spec.slice, spec.threads) else "") + ("_r" if spec_reuses(spec) else ""))
     return (f"qr_cols_w{spec.width}_c{spec.slice}{f'_x{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
             f"_v{spec.vec}{suffix}")
 
@@ -134,4 +151,5 @@ def describe(panel) -> str:
 
 
 def render(spec, schedule, target):
-    return family.render_panel(spec, schedule, target, cols_stream=streams(spec.slots, spec.slice, spec.threads))
+    return family.render_panel(spec, schedule, target, cols_stream=streams(spec.slots, spec.slice, spec.threads),
+                               cols_reuse=spec_reuses(spec))

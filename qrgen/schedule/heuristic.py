@@ -53,6 +53,18 @@ COLS_CLUSTER_MAX_BATCH = 66  # up to this many matrices, each on a cluster of 2 
 COLS_CLUSTER_SLICE = 4  # ... with warps of 4 columns (docs/decisions.md#cols-cluster)
 COLS_AGGREGATE_WIDTHS = (128, 64)  # where one cols panel does not fit: cols panels of the widest of these that fits,
 COLS_AGGREGATE_MAX_ROWS = 512  # each its own aggregate, up to this many rows (docs/decisions.md#cols-aggregates-default)
+# Taller, up to COLS_TALL_MAX_ROWS rows, from COLS_TALL_MIN_COLS columns and COLS_TALL_MIN_BATCH to COLS_MAX_BATCH
+# matrices: cols panels on clusters of two, each the widest of COLS_TALL_WIDTHS that fits its rows, each its own
+# aggregate (the later block reusing the earlier one's reflector slots, consumers streaming reflectors past the
+# register cap: docs/decisions.md#cols-tall)
+COLS_TALL_WIDTHS = (128, 96, 64)
+COLS_TALL_MAX_ROWS = 1024
+COLS_TALL_MIN_COLS = 512
+COLS_TALL_MIN_BATCH = 16
+# registers kept free under the cap at 512 threads: the model admits 128 columns at 640 and 768 rows where ptxas spills
+COLS_TALL_HEADROOM = 8
+# the architectures it was measured on; sm_100's ptxas spills the 96-column panels at 928 and 1,024 rows
+COLS_TALL_ARCHS = ("sm_90", "sm_90a")
 
 
 @dataclass(frozen=True)
@@ -243,13 +255,58 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
     return None
 
 
+def fitted_cols_panels(m: int, n: int, slice_: int, blocks: int, target: Target = SM90) -> tuple[Panel, ...] | None:
+    """Cols panels over n columns, each the widest of COLS_TALL_WIDTHS (`slice_` columns a warp, on `blocks` blocks)
+    that fits at its rows with COLS_TALL_HEADROOM registers to spare at 512 threads and more; None where none fits."""
+    from ..plan import family
+    from ..plan.tmat import max_reflectors
+
+    widths = [w for w in COLS_TALL_WIDTHS if w <= max_reflectors(target)]
+    panels, col = [], 0
+    while col < n:
+        rows = m - col
+        for width in widths:
+            panel = cols_panel(min(width, n - col), slice_, blocks)
+            cap = family.register_cap(panel.threads, target.limits)
+            cap -= COLS_TALL_HEADROOM if panel.threads >= 512 else 0
+            if (panel.blocks == blocks and cols.registers(panel, rows) <= cap
+                    and cols.shared_bytes(panel, rows, False, m, n) <= target.limits.shared_bytes):
+                break
+        else:
+            return None
+        panels.append(panel)
+        col += panel.width
+    return tuple(panels)
+
+
+def default_cols_tall(problem: Problem, target: Target = SM90) -> Schedule | None:
+    """Past COLS_AGGREGATE_MAX_ROWS up to COLS_TALL_MAX_ROWS rows, COLS_TALL_MIN_COLS <= n <= m, COLS_TALL_MIN_BATCH to
+    COLS_MAX_BATCH matrices, on COLS_TALL_ARCHS: fitted_cols_panels with 4 columns a warp on clusters of two,
+    each its own aggregate, the products in tf32x3 (docs/decisions.md#cols-tall). Or None."""
+    from ..plan.planner import check
+
+    m, n = problem.m, problem.n
+    if not (COLS_AGGREGATE_MAX_ROWS < m <= COLS_TALL_MAX_ROWS and COLS_TALL_MIN_COLS <= n <= m
+            and COLS_TALL_MIN_BATCH <= problem.batch <= COLS_MAX_BATCH and target.arch in COLS_TALL_ARCHS):
+        return None
+    panels = fitted_cols_panels(m, n, COLS_CLUSTER_SLICE, 2, target)
+    if panels is None:
+        return None
+    schedule = Schedule(m, n, panels, Precision(project="tf32x3", update="tf32x3"), tuple(p.width for p in panels))
+    try:
+        check(schedule, target)
+    except ValueError:
+        return None
+    return schedule
+
+
 def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
     if target.record.heuristic:  # a backend with its own (Metal: schedule/apple.py)
         return importlib.import_module(target.record.heuristic).default_schedule(problem, target)
     one = default_wide_lanes(problem) or default_whole(problem) or default_cols(problem, target)
     if one is not None:
         return Schedule(problem.m, problem.n, (one,))
-    aggregated = default_cols_aggregates(problem, target)
+    aggregated = default_cols_aggregates(problem, target) or default_cols_tall(problem, target)
     if aggregated is not None:
         return aggregated
     choices = default_choices(problem, target=target)

@@ -12,17 +12,20 @@ from ..plan.whole import SLICES as WHOLE_SLICES
 from ..problem import Problem
 from ..schedule.heuristic import (
     COLS_AGGREGATE_WIDTHS,
+    COLS_TALL_WIDTHS,
     LANES_MAX_BATCH,
     MANY_WIDTH,
     TSQR_PANEL,
     default_choices,
     default_cols,
     default_cols_aggregates,
+    default_cols_tall,
     default_many,
     default_reach,
     default_tsqr,
     default_whole,
     default_wide_lanes,
+    fitted_cols_panels,
 )
 from ..schedule.model import (
     PANEL_UPDATES,
@@ -70,7 +73,9 @@ WIDE_CLUSTER_MAX_BATCH = 4  # an early lanes trial on clusters of 16 (schedule.M
 LANES_SLOTS = ("auto", 4, 8, 16, 24, 32, 48, 64)  # rows per warp the lanes panels aim for
 
 
-COLS_WIDTHS = (32, 48, 64, 96, 128, "all")  # "all": every column left, one panel where it fits
+# "all": every column left, one panel where it fits; "tall": every panel the widest that fits its rows, each its own
+# aggregate (schedule.heuristic.fitted_cols_panels; the point's aggregate and lookahead are then not used)
+COLS_WIDTHS = (32, 48, 64, 96, 128, "all", "tall")
 
 
 COLS_SLICES = (2, 4, 8)
@@ -152,6 +157,11 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
         return {**base, "family": "cols", "cols_head": head.width, "slice": head.slice,
                 "cols_cluster": head.blocks if head.cluster else 0, "aggregate": aggregated.aggregate, "lookahead": 0,
                 **precision_params(dataclasses.asdict(aggregated.precision))}
+    tall = default_cols_tall(problem) if clustered else None
+    if tall is not None:
+        head = tall.panels[0]
+        return {**base, "family": "cols", "cols_head": "tall", "slice": head.slice, "cols_cluster": head.blocks,
+                "aggregate": 0, **precision_params(dataclasses.asdict(tall.precision))}
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -182,6 +192,14 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
     if params["family"] == "whole":
         schedule = Schedule(problem.m, problem.n, (Panel(k, "whole", params["whole_threads"],
                                                          slice=params["whole_slice"], loop=params.get("loop", False)),))
+        check(schedule, target)
+        return schedule
+    if params["family"] == "cols" and params.get("cols_head") == "tall":
+        panels = fitted_cols_panels(problem.m, problem.n, params["slice"], params.get("cols_cluster", 0) or 1, target)
+        if panels is None:
+            raise ValueError(f"no cols panel of {COLS_TALL_WIDTHS} columns fits {problem.m} rows")
+        precision = Precision(params["gram"], params["project"], params["update"])
+        schedule = Schedule(problem.m, problem.n, panels, precision, tuple(p.width for p in panels))
         check(schedule, target)
         return schedule
     head_cols = k if params["head_share"] >= 1.0 else max(1, round(k * params["head_share"]))
@@ -337,6 +355,8 @@ def _aggregate_variations(problem: Problem, params: dict) -> list[dict]:
     default whose panels are each their own aggregate: its panels and aggregates at the other widths of
     COLS_AGGREGATE_WIDTHS."""
     own = params["aggregate"]
+    if params["family"] == "cols" and params.get("cols_head") == "tall":  # each its own aggregate: uniform widths
+        return [{**params, "cols_head": a, "aggregate": a} for a in COLS_AGGREGATE_WIDTHS if a < problem.k]
     if params["family"] == "cols" and own:  # cols panels each its own aggregate: the other widths
         return [{**params, "cols_head": a, "aggregate": a} for a in COLS_AGGREGATE_WIDTHS if a != own and a < problem.k]
     if own:

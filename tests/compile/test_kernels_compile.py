@@ -218,6 +218,21 @@ def test_default_cols_panels_compile_without_spills(tmp_path, monkeypatch):
     _no_spills(sorted(items))
 
 
+def test_default_tall_cols_panels_compile_without_spills(tmp_path, monkeypatch):
+    """The default's tall cols panels (default_cols_tall: clusters of two, the widest panel each panel's rows fit,
+    slot reuse and streaming consumers where they must) at 1024², 1000², 768², 600² and 1024 x 512 compile for sm_90
+    without spills: the register model's headroom at 512 threads is what keeps ptxas from spilling there."""
+    _test_cache(tmp_path, monkeypatch)
+    items = set()
+    for m, n in [(1024, 1024), (1000, 1000), (768, 768), (600, 600), (1024, 512)]:
+        schedule = default_schedule(Problem(m, n, 60))
+        assert {p.variant for p in schedule.panels} == {"cols"}
+        items |= {(r.name, r.source) for r in render_all(schedule, SM90) if r.name.startswith("qr_cols")}
+    names = {name for name, _ in items}
+    assert any(name.endswith("_r") for name in names) and any("_st" in name for name in names)
+    _no_spills(sorted(items))
+
+
 def test_fused_q_kernel_compiles_without_spills(tmp_path, monkeypatch):
     _test_cache(tmp_path, monkeypatch)
     for m, n in [(100, 20), (250, 32), (400, 32)]:

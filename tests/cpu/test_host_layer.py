@@ -104,6 +104,14 @@ def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch,
     _gates(schedule, 2)
 
 
+def test_the_tall_cols_default_passes_the_gates_on_the_cpu():
+    """default_cols_tall at 640 x 576: cols panels on clusters of two, the 96-column ones holding one block's share
+    of the reflectors (slot reuse), two matrices of every stress family mixed."""
+    schedule = find(Problem(640, 576, 60), TARGET)[0]
+    assert any(k.name.endswith("_r") for k in plan(schedule, TARGET).kernels)
+    _gates(schedule, 2)
+
+
 # the range of scales README's known limitation states: a batch of every stress family multiplied by 2^-40 and 2^40
 # (column norms are float32 sums of squares; past about 2^±50 the smallest or largest fail)
 @pytest.mark.parametrize("batch,m,n", [(4, 32, 32), (4, 176, 176), (1, 3000, 96)], ids=["32x32", "176x176", "3000x96"])

@@ -245,7 +245,7 @@ def test_split_panel_products():
         assert chosen.panel_update == "fused" and chosen.precision == Precision("fp32", "tf32", "tf32")
     for problem in (Problem(4096, 4096, 1), Problem(4097, 1000, 1), Problem(8192, 512, 8), Problem(40000, 256, 1)):
         assert default_schedule(problem).panel_update == "cublas"
-    for problem in (Problem(1024, 1024, 60), Problem(600, 600, 3), Problem(512, 1024, 100), Problem(1000, 1000, 1),
+    for problem in (Problem(1024, 1024, 200), Problem(600, 600, 3), Problem(512, 1024, 100), Problem(1000, 1000, 1),
                     Problem(4096, 1024, 1), Problem(2048, 2048, 1), Problem(4096, 64, 64)):
         assert default_schedule(problem).panel_update == "fused"
     assert default_schedule(Problem(1024, 1024, 60)).precision.update == "tf32x3"  # under 2,048 columns

@@ -192,10 +192,11 @@ def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n,
 
 
 @pytest.mark.parametrize("m,n,batch,expect", [
-    (1024, 1024, 60, ("tf32x3", 2)),   # aggregates: their products as three tf32 products, lookahead in pieces
-    (1024, 1024, 4, ("tf32x3", 2)),
+    (1024, 1024, 4, ("tf32x3", 2)),    # aggregates: their products as three tf32 products, lookahead in pieces
     (2048, 2048, 8, ("tf32", 32)),     # from TF32_FROM columns with fp32 panel products: tf32, one piece
-    (600, 600, 40, ("fp32", 0)),       # no aggregates below AGGREGATE_FROM: every product fp32 ...
+    (600, 600, 8, ("fp32", 0)),        # no aggregates below AGGREGATE_FROM: every product fp32 ...
+    (1024, 1024, 60, ("tf32x3", 0)),   # ... except cols panels each their own aggregate (default_cols_tall) ...
+    (600, 600, 40, ("tf32x3", 0)),
     (512, 512, 40, ("tf32x3", 0)),     # ... except cols panels each their own aggregate (default_cols_aggregates)
     (512, 512, 640, ("tf32x3", 0)),    # ... past 132 matrices too where they are 64 columns wide
     (512, 1024, 100, ("tf32x3", 2)),   # ... and many wide matrices of 384 to 512 rows (default_many)
@@ -289,6 +290,37 @@ def test_default_for_many_matrices_of_384_to_512_rows():
     for problem in (Problem(400, 1000, MANY_FROM - 1), Problem(513, 513, 640), Problem(383, 512, 640)):
         assert not default_many(problem), problem
         assert default_schedule(problem).aggregate == 0 and 32 in {p.width for p in default_schedule(problem).panels}
+
+
+def test_default_for_tall_cols_panels():
+    """default_cols_tall: 513 to 1,024 rows, n >= 512, 16 to 132 matrices, on sm_90: cols panels on
+    clusters of two with 4 columns a warp, each the widest of 128, 96 and 64 columns that fits its rows with 8
+    registers to spare at 512 threads, each its own aggregate, tf32x3 products; the tuner's default point gives it.
+    Outside the bounds the former default."""
+    from qrgen.plan import cols, family
+    from qrgen.schedule.heuristic import COLS_TALL_HEADROOM, default_cols_tall
+    from qrgen.tune.space import default_params, schedule_from_params
+
+    s = default_schedule(Problem(1024, 1024, 60))
+    assert [p.width for p in s.panels] == [96, 96, 96, 128, 128, 128, 128, 128, 96]
+    assert s.aggregate == tuple(p.width for p in s.panels) and s.lookahead == 0
+    assert all(p.variant == "cols" and p.cluster and p.blocks == 2 and p.slice == 4 for p in s.panels)
+    assert s.precision == Precision(project="tf32x3", update="tf32x3")
+    for problem in (Problem(1024, 1024, 16), Problem(1000, 1000, 132), Problem(768, 768, 60), Problem(1024, 512, 60),
+                    Problem(600, 600, 40)):
+        tall = default_schedule(problem)
+        assert tall == default_cols_tall(problem) == schedule_from_params(problem, default_params(problem)), problem
+        for panel, c0 in zip(tall.panels, tall.starts()):
+            cap = family.register_cap(panel.threads, Target().limits)
+            cap -= COLS_TALL_HEADROOM if panel.threads >= 512 else 0
+            assert cols.registers(panel, problem.m - c0) <= cap
+    for problem in (Problem(1024, 1024, 15), Problem(1024, 1024, 133), Problem(1025, 1025, 60),
+                    Problem(1024, 511, 60), Problem(2048, 2048, 60)):
+        assert default_cols_tall(problem) is None, problem
+        assert not all(p.variant == "cols" for p in default_schedule(problem).panels), problem
+    assert default_cols_tall(Problem(512, 512, 40)) is None  # default_cols_aggregates's
+    for arch in ("sm_80", "sm_100", "sm_120"):  # no clusters; measured on sm_90 only (sm_100's ptxas spills them)
+        assert default_cols_tall(Problem(1024, 1024, 60), Target("cuda", arch)) is None
 
 
 def test_a_tuned_file_serves_the_batches_near_its_own(tmp_path, monkeypatch):

@@ -120,7 +120,7 @@ def test_two_phases_and_cols_family():
 
 
 def test_cost_model_prefers_fewer_launches_and_lower_precision():
-    problem = Problem(1024, 1024, 60)
+    problem = Problem(1024, 1024, 200)
     base = estimate(default_schedule(problem), problem)
     tf32 = estimate(schedule_from_params(problem, {**default_params(problem), "project": "tf32", "update": "tf32"}),
                     problem)
@@ -355,7 +355,7 @@ def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
 def test_column_loop_is_an_early_trial():
     """Where the default has warp or rows panels (the lanes family has them where lanes do not fit), the same point
     with the other column loop is tried early; schedules without such panels have no such trial."""
-    for problem in (Problem(512, 1024, 100), Problem(8192, 512, 1), Problem(4096, 4096, 9), Problem(1024, 1024, 60)):
+    for problem in (Problem(512, 1024, 100), Problem(8192, 512, 1), Problem(4096, 4096, 9), Problem(1024, 1024, 200)):
         default = default_params(problem)
         assert {**default, "loop": not default["loop"]} in variations(problem)
         assert schedule_from_params(problem, {**default, "loop": True}).panels != default_schedule(problem).panels \
@@ -371,14 +371,18 @@ def test_neighbouring_aggregate_sizes_are_early_trials():
     aggregates = {problem: [(v["aggregate"], v.get("lookahead")) for v in variations(problem)
                             if v["aggregate"] != default_params(problem)["aggregate"]]
                   for problem in (Problem(512, 512, 40), Problem(512, 1024, 100), Problem(512, 512, 640),
-                                  Problem(1024, 1024, 60), Problem(176, 176, 40))}
+                                  Problem(1024, 1024, 200), Problem(176, 176, 40), Problem(1024, 1024, 60))}
     assert default_params(Problem(512, 512, 40))["aggregate"] == 64  # cols panels (default_cols_aggregates)
     assert aggregates[Problem(512, 512, 40)] == [(0, None), (128, 0)]  # the default without cols panels too
     assert default_params(Problem(512, 1024, 100))["aggregate"] == 64  # schedule.heuristic.default_many
     assert aggregates[Problem(512, 1024, 100)] == [(128, 2)]
     assert aggregates[Problem(512, 512, 640)] == [(128, 0)]  # cols panels past one wave: the other width
-    assert default_params(Problem(1024, 1024, 60))["aggregate"] == 128
-    assert aggregates[Problem(1024, 1024, 60)] == [(64, 2), (256, 2)]
+    assert default_params(Problem(1024, 1024, 200))["aggregate"] == 128
+    assert aggregates[Problem(1024, 1024, 200)] == [(64, 2), (256, 2)]
+    # tall cols panels, each the widest its rows fit and its own aggregate: the default without cols panels, then
+    # the uniform widths, each its own aggregate
+    assert default_params(Problem(1024, 1024, 60))["cols_head"] == "tall"
+    assert aggregates[Problem(1024, 1024, 60)] == [(128, 2), (128, None), (64, None)]
     assert aggregates[Problem(176, 176, 40)] == []  # too few columns for aggregates
 
 
@@ -425,8 +429,8 @@ def test_single_tall_matrices_default_to_clusters():
 
 @pytest.mark.parametrize("m,n,batch,blocks", [
     (2048, 2048, 2, 8), (2048, 2048, 8, 8), (2048, 2048, 9, 4), (2048, 2048, 16, 4), (2048, 2048, 17, 0),
-    (4096, 4096, 4, 16), (4096, 4096, 5, 8), (4096, 4096, 8, 8), (4096, 4096, 9, 0), (1024, 1024, 16, 4),
-    (1024, 1024, 32, 2), (1024, 1024, 60, 0), (1536, 1536, 2, 4), (512, 1024, 32, 2), (512, 1024, 33, 0),
+    (4096, 4096, 4, 16), (4096, 4096, 5, 8), (4096, 4096, 8, 8), (4096, 4096, 9, 0), (1024, 1024, 15, 4),
+    (1024, 1024, 200, 0), (1536, 1536, 2, 4), (512, 1024, 32, 2), (512, 1024, 33, 0),
     (8192, 512, 2, 16), (511, 1000, 2, 0), (4096, 32, 2, 0), (1024, 32, 1, 0), (2048, 33, 2, 8)])
 def test_batches_default_to_clusters_of_256_to_512_rows_a_block(m, n, batch, blocks):
     """Several matrices of CLUSTER_FROM rows or more and more than one panel's columns: clusters of 256 to 512 rows
