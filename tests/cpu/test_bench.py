@@ -55,7 +55,9 @@ def test_floors_account_for_the_factorization(batch, m, n):
     assert batch * (2 * m * n * n - 2 * n ** 3 / 3) <= total <= 1.7 * batch * (2 * m * n * n - 2 * n ** 3 / 3)
     prec = schedule.precision
     assert {prec.project, prec.update} <= {p for p, _ in work["aggregates' products"].flops_by}
-    assert gemm_flops(fac, batch) == work["own products"].flops + work["aggregates' products"].flops
+    # (a schedule whose panels are each their own aggregate has no products of its own: 60 x 1024²)
+    products = ("own products", "aggregates' products")
+    assert gemm_flops(fac, batch) == sum(work[s].flops for s in products if s in work)
     # the matrices are read and written at least once
     assert sum(w.bytes for w in work.values()) >= 2 * 4 * batch * m * n
     text = floors_text(fac, batch)
