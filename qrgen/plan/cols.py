@@ -58,12 +58,17 @@ def held_registers(slots_: int, slice_: int) -> int:
     return slots_ * (slice_ + 1) + slice_ + REG_OVERHEAD
 
 
+def _default_limits():
+    """The default CUDA architecture's limits: a kernel's source (its name, its template values) may not depend on
+    the target it is compiled for."""
+    return cuda.ARCHS[cuda.BACKEND.default_arch].limits
+
+
 def streams(slots_: int, slice_: int, threads: int) -> bool:
     """Whether consumers read each reflector from shared memory twice (for the sums, then for the updates) instead
     of holding its rows: where holding them would pass the register cap of `threads` threads (ColsPanel's STREAM;
     the same register file on every CUDA architecture)."""
-    limits = cuda.ARCHS[cuda.BACKEND.default_arch].limits
-    return held_registers(slots_, slice_) > family.register_cap(threads, limits)
+    return held_registers(slots_, slice_) > family.register_cap(threads, _default_limits())
 
 
 def as_measured(schedule, limits) -> bool:
@@ -93,20 +98,17 @@ def registers(panel, rows: int) -> int:
     return held_registers(s, panel.slice)
 
 
-def reuses(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> bool:
+def reuses(width: int, slots_: int, blocks: int, trail: bool) -> bool:
     """Whether the later block of a cluster panel reuses the earlier block's reflector slots (ColsPanel's REUSE):
     only where holding every reflector would not fit the default architecture's shared memory (a barrier in the
     later block is its price), on clusters of two without (VT)^T to prepare (trail)."""
-    if trail or blocks == 1:
-        return False
-    limits = cuda.ARCHS[cuda.BACKEND.default_arch].limits
-    return shared_bytes_of(width, slots_, trail) > limits.shared_bytes
+    return blocks > 1 and not trail and shared_bytes_of(width, slots_, trail) > _default_limits().shared_bytes
 
 
 def held(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> int:
     """Reflectors a block holds in shared memory: every one, or where it reuses slots (reuses) those of one
     block's warps (ColsPanel::HELD)."""
-    if not reuses(width, slots_, slice_, blocks, trail):
+    if not reuses(width, slots_, blocks, trail):
         return width
     return math.ceil(math.ceil(width / slice_) / blocks) * slice_
 
@@ -136,7 +138,7 @@ def features(panel) -> tuple[str, ...]:
 
 
 def spec_reuses(spec) -> bool:
-    return reuses(spec.width, spec.slots, spec.slice, spec.blocks, spec.trail and not spec.vt_only)
+    return reuses(spec.width, spec.slots, spec.blocks, spec.trail and not spec.vt_only)
 
 
 def name(spec) -> str:

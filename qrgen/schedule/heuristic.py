@@ -255,10 +255,13 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
     return None
 
 
-def fitted_cols_panels(m: int, n: int, slice_: int, blocks: int, target: Target = SM90) -> tuple[Panel, ...] | None:
+def fitted_cols_schedule(m: int, n: int, slice_: int, blocks: int, precision: Precision,
+                         target: Target = SM90) -> Schedule:
     """Cols panels over n columns, each the widest of COLS_TALL_WIDTHS (`slice_` columns a warp, on `blocks` blocks)
-    that fits at its rows with COLS_TALL_HEADROOM registers to spare at 512 threads and more; None where none fits."""
+    that fits at its rows with COLS_TALL_HEADROOM registers to spare at 512 threads and more, each its own
+    aggregate; ValueError where no width fits or the target refuses the schedule."""
     from ..plan import family
+    from ..plan.planner import check
     from ..plan.tmat import max_reflectors
 
     widths = [w for w in COLS_TALL_WIDTHS if w <= max_reflectors(target)]
@@ -273,31 +276,26 @@ def fitted_cols_panels(m: int, n: int, slice_: int, blocks: int, target: Target 
                     and cols.shared_bytes(panel, rows, False, m, n) <= target.limits.shared_bytes):
                 break
         else:
-            return None
+            raise ValueError(f"no cols panel of {widths} columns fits {rows} rows on {target.arch}")
         panels.append(panel)
         col += panel.width
-    return tuple(panels)
+    schedule = Schedule(m, n, tuple(panels), precision, tuple(p.width for p in panels))
+    check(schedule, target)
+    return schedule
 
 
 def default_cols_tall(problem: Problem, target: Target = SM90) -> Schedule | None:
     """Past COLS_AGGREGATE_MAX_ROWS up to COLS_TALL_MAX_ROWS rows, COLS_TALL_MIN_COLS <= n <= m, COLS_TALL_MIN_BATCH to
-    COLS_MAX_BATCH matrices, on COLS_TALL_ARCHS: fitted_cols_panels with 4 columns a warp on clusters of two,
-    each its own aggregate, the products in tf32x3 (docs/decisions.md#cols-tall). Or None."""
-    from ..plan.planner import check
-
+    COLS_MAX_BATCH matrices, on COLS_TALL_ARCHS: fitted_cols_schedule with 4 columns a warp on clusters of two, the
+    products in tf32x3 (docs/decisions.md#cols-tall). Or None."""
     m, n = problem.m, problem.n
     if not (COLS_AGGREGATE_MAX_ROWS < m <= COLS_TALL_MAX_ROWS and COLS_TALL_MIN_COLS <= n <= m
             and COLS_TALL_MIN_BATCH <= problem.batch <= COLS_MAX_BATCH and target.arch in COLS_TALL_ARCHS):
         return None
-    panels = fitted_cols_panels(m, n, COLS_CLUSTER_SLICE, 2, target)
-    if panels is None:
-        return None
-    schedule = Schedule(m, n, panels, Precision(project="tf32x3", update="tf32x3"), tuple(p.width for p in panels))
     try:
-        check(schedule, target)
+        return fitted_cols_schedule(m, n, COLS_CLUSTER_SLICE, 2, Precision(project="tf32x3", update="tf32x3"), target)
     except ValueError:
         return None
-    return schedule
 
 
 def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:

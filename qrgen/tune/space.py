@@ -12,7 +12,6 @@ from ..plan.whole import SLICES as WHOLE_SLICES
 from ..problem import Problem
 from ..schedule.heuristic import (
     COLS_AGGREGATE_WIDTHS,
-    COLS_TALL_WIDTHS,
     LANES_MAX_BATCH,
     MANY_WIDTH,
     TSQR_PANEL,
@@ -25,7 +24,7 @@ from ..schedule.heuristic import (
     default_tsqr,
     default_whole,
     default_wide_lanes,
-    fitted_cols_panels,
+    fitted_cols_schedule,
 )
 from ..schedule.model import (
     PANEL_UPDATES,
@@ -74,7 +73,7 @@ LANES_SLOTS = ("auto", 4, 8, 16, 24, 32, 48, 64)  # rows per warp the lanes pane
 
 
 # "all": every column left, one panel where it fits; "tall": every panel the widest that fits its rows, each its own
-# aggregate (schedule.heuristic.fitted_cols_panels; the point's aggregate and lookahead are then not used)
+# aggregate (schedule.heuristic.fitted_cols_schedule; the point's aggregate and lookahead are then not used)
 COLS_WIDTHS = (32, 48, 64, 96, 128, "all", "tall")
 
 
@@ -195,13 +194,8 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
         check(schedule, target)
         return schedule
     if params["family"] == "cols" and params.get("cols_head") == "tall":
-        panels = fitted_cols_panels(problem.m, problem.n, params["slice"], params.get("cols_cluster", 0) or 1, target)
-        if panels is None:
-            raise ValueError(f"no cols panel of {COLS_TALL_WIDTHS} columns fits {problem.m} rows")
-        precision = Precision(params["gram"], params["project"], params["update"])
-        schedule = Schedule(problem.m, problem.n, panels, precision, tuple(p.width for p in panels))
-        check(schedule, target)
-        return schedule
+        return fitted_cols_schedule(problem.m, problem.n, params["slice"], params.get("cols_cluster", 0) or 1,
+                                    Precision(params["gram"], params["project"], params["update"]), target)
     head_cols = k if params["head_share"] >= 1.0 else max(1, round(k * params["head_share"]))
     family = params["family"]
     aggregate = params.get("aggregate", 0)

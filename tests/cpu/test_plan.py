@@ -114,7 +114,7 @@ def test_tall_cols_panels_reuse_slots_and_stream_reflectors():
     assert cols.held(96, 32, 4, 2, False) == 48 and cols.held(96, 32, 4, 2, True) == 96
     assert cols.held(96, 32, 4, 1, False) == 96
     # where every reflector fits, a cluster panel holds them all: no slot reuse and no barrier for it (40 x 176²)
-    assert not cols.reuses(176, 6, 4, 2, False) and cols.held(176, 6, 4, 2, False) == 176
+    assert not cols.reuses(176, 6, 2, False) and cols.held(176, 6, 4, 2, False) == 176
     assert not cols.as_measured(tall, SM90.limits)
     assert cols.as_measured(default_schedule(Problem(352, 352, 40)), SM90.limits)
 
