@@ -4,7 +4,7 @@ there."""
 import pytest
 
 from qrgen.schedule.model import Panel, Schedule
-from qrgen.schedule.panels import lanes_panel
+from qrgen.schedule.panels import lanes_panel, tsqr_panel
 
 
 def cupy_installed() -> bool:
@@ -51,6 +51,24 @@ COLS_SCHEDULES = [
     Schedule(1024, 192, (Panel(96, "cols", 384, 2, 4, cluster=True),) * 2, aggregate=96),
     Schedule(736, 224, (Panel(96, "cols", 384, 2, 4, cluster=True), Panel(128, "cols", 512, 2, 4, cluster=True)),
              aggregate=(96, 128)),
+]
+
+def tsqr_cols_schedule(m, n, width, tile, slice_, aggregate=0):
+    """tsqr panels of `width` columns whose tiles of `tile` rows are factored as cols panels (warps of at least
+    `slice_` columns: schedule.panels.tsqr_panel)."""
+    panels, col = [], 0
+    while col < n:
+        panels.append(tsqr_panel(m - col, n - col, width, 256, tile, slice_))
+        col += panels[-1].width
+    return Schedule(m, n, tuple(panels), aggregate=aggregate)
+
+
+# tsqr panels with cols tiles: a ragged last tile and a last panel of 5 columns on warps of 4, in aggregates; 32
+# columns on warps of 4; tiles of 1,024 rows
+TSQR_COLS_SCHEDULES = [
+    tsqr_cols_schedule(3000, 21, 8, 128, 2, aggregate=16),
+    tsqr_cols_schedule(5000, 64, 32, 512, 4, aggregate=32),
+    tsqr_cols_schedule(9000, 40, 16, 1024, 2),
 ]
 
 LANES_SCHEDULES = [

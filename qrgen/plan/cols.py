@@ -71,31 +71,16 @@ def streams(slots_: int, slice_: int, threads: int) -> bool:
     return held_registers(slots_, slice_) > family.register_cap(threads, _default_limits())
 
 
-def as_measured(schedule, limits) -> bool:
-    """Whether every cols panel of the schedule runs the kernel default_cols and default_cols_aggregates were
-    measured with: consumers holding each reflector's rows (no streams) and each block holding every reflector.
-    Streaming and slot reuse are for taller panels (default_cols_tall's, or schedules that ask for them)."""
-    from .planner import panel_outputs
-    from .layout import aggregates
-
-    aggs = aggregates(schedule)
-    for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
-        if panel.variant != VARIANT:
-            continue
-        rows = schedule.m - c0
-        out = panel_outputs(schedule, index, aggs)
-        prep = out.trail and not out.vt_only
-        if (streams(slots(panel, rows), panel.slice, panel.threads)
-                or shared_bytes_of(panel.width, slots(panel, rows), prep) > limits.shared_bytes):
-            return False
-    return True
+def column_registers(slots_: int, slice_: int, threads: int) -> int:
+    """Registers a thread of a cols factorization needs: its columns and a reflector's rows, or where those pass
+    the cap its columns alone (streams)."""
+    if streams(slots_, slice_, threads):
+        return slots_ * slice_ + STREAM_OVERHEAD
+    return held_registers(slots_, slice_)
 
 
 def registers(panel, rows: int) -> int:
-    s = slots(panel, rows)
-    if streams(s, panel.slice, panel.threads):
-        return s * panel.slice + STREAM_OVERHEAD
-    return held_registers(s, panel.slice)
+    return column_registers(slots(panel, rows), panel.slice, panel.threads)
 
 
 def reuses(width: int, slots_: int, blocks: int, trail: bool) -> bool:

@@ -103,8 +103,8 @@ def check_no(panel, *fields: str) -> None:
     """Fields a variant does not take must keep their defaults."""
     for name in fields:
         if name == "slice" and panel.slice != 0:
-            raise ValueError(f"Panel.slice applies to variants 'cols' and 'whole' only; got slice={panel.slice} "
-                             f"for {panel.variant!r}")
+            raise ValueError(f"Panel.slice applies to variants 'cols', 'whole' and 'tsqr' only; got "
+                             f"slice={panel.slice} for {panel.variant!r}")
         if name == "tile" and panel.tile != 0:
             raise ValueError(f"Panel.tile applies to variant 'tsqr' only; got tile={panel.tile} for "
                              f"{panel.variant!r}")

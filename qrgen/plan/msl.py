@@ -104,6 +104,9 @@ def check(schedule, target) -> None:
                              f"{', cluster' if panel.cluster else ''}{', loop' if panel.loop else ''}): Metal runs "
                              f"panels of variant {PANEL_VARIANTS} on one threadgroup, the loop over columns unrolled "
                              f"(a 'whole' kernel factors column by column: its slice is not used)")
+        if panel.variant == "tsqr" and panel.slice:
+            raise ValueError(f"Schedule.panels[{index}] (tsqr, slice {panel.slice}): Metal factors a tsqr panel's "
+                             f"tiles as rows panels (slice 0)")
     if schedule.panel_update != "cublas":
         raise ValueError(f"Schedule.panel_update {schedule.panel_update!r}: on Metal the panels' own products run "
                          f"through the backend's GEMM kernels ('cublas')")

@@ -1,19 +1,22 @@
 """Panel family "tsqr", for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
-`threads`, at least twice the width), each on one block as a rows panel factors, then Q's columns down the tree and
-Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh; on Metal templates/metal/tsqr.metal.j2, whose
+`threads`, at least twice the width), each on one block as a rows panel factors (slice 0) or, with `slice` columns a
+warp, as a cols panel does (plan/cols.py: the tile's columns in registers, reflectors in dynamic shared memory), then
+Q's columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh; on Metal templates/metal/tsqr.metal.j2, whose
 threadgroup memory plan/msl.py sizes); one launch per phase of the tree."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import family
+from ..targets import MBARRIER
+from . import cols, family
 
 VARIANT = "tsqr"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
 REG_OVERHEAD = 60
-MAX_SLOTS = 8  # the most rows per thread of a tile
+MAX_SLOTS = 8  # the most rows per thread of a tile (slice 0: a rows panel holds slots x width floats a thread)
+MAX_COLS_SLOTS = 16  # ... with cols tiles, whose rows phases hold slots x width of a narrower block's threads
 # src, h, tau, vt, zt, ts, its stride; kind, rows, at, out, tau_at, t_at, y, v1 (offsets in ts), c0, vld; vbs
 SIGNATURE = "PPPPPPL" + "I" * 10 + "L"
 
@@ -25,13 +28,35 @@ def check(panel) -> None:
     if panel.threads < panel.width:
         raise ValueError(f"Panel variant 'tsqr' needs threads >= width; got {panel.threads} threads for "
                          f"width {panel.width}")
+    if panel.slice:
+        if panel.slice not in cols.SLICES:
+            raise ValueError(f"Panel.slice must be 0 (rows tiles) or one of {cols.SLICES} (cols tiles) for variant "
+                             f"'tsqr', got {panel.slice!r}")
+        threads = cols.cols_threads(panel.width, panel.slice)
+        if panel.threads != threads:
+            raise ValueError(f"Panel.threads must be 32 * ceil(width / slice) = {threads} for variant 'tsqr' with "
+                             f"slice {panel.slice} (a warp a slice), got {panel.threads}")
+        if panel.loop:
+            raise ValueError("Panel.loop applies to variant 'tsqr' with rows tiles (slice 0) only")
+    most = MAX_SLOTS if not panel.slice else MAX_COLS_SLOTS
     if (not isinstance(panel.tile, int) or panel.tile < 2 * panel.width or panel.tile % panel.threads
-            or panel.tile // panel.threads > MAX_SLOTS):
+            or panel.tile // panel.threads > most):
         raise ValueError(f"Panel.tile (rows per tile of variant 'tsqr') must be a multiple of threads "
                          f"({panel.threads}), at least twice the width ({2 * panel.width}) and at most "
-                         f"{MAX_SLOTS} x threads; got {panel.tile!r}")
+                         f"{most} x threads; got {panel.tile!r}")
     family.check_narrow(panel)
-    family.check_no(panel, "slice")
+
+
+def cols_slice(width: int, at_least: int, tile: int) -> int:
+    """The narrowest slice of plan/cols.SLICES, at least `at_least`, on which a tsqr panel of `width` columns and
+    tiles of `tile` rows factors its tiles as cols panels (a warp a slice: threads a block count of check_threads,
+    dividing the tile, at most MAX_COLS_SLOTS rows a thread); 0 where none does."""
+    for slice_ in cols.SLICES:
+        threads = cols.cols_threads(width, slice_)
+        if (slice_ >= at_least and threads in family.THREADS and tile % threads == 0
+                and tile // threads <= MAX_COLS_SLOTS and tile >= 2 * width):
+            return slice_
+    return 0
 
 
 def slots(panel, rows: int) -> int:
@@ -39,18 +64,28 @@ def slots(panel, rows: int) -> int:
 
 
 def registers(panel, rows: int) -> int:
-    # the tile in registers, and a row of V and of Q beside it (products, final phase)
-    return slots(panel, rows) * panel.width + 3 * panel.width + REG_OVERHEAD
+    # the tile in registers, and a row of V and of Q beside it (products, final phase); with slice, the most of that
+    # and of the cols factorization's (a lane's rows of its warp's columns)
+    held = slots(panel, rows) * panel.width + 3 * panel.width + REG_OVERHEAD
+    if not panel.slice:
+        return held
+    return max(held, cols.column_registers(panel.tile // 32, panel.slice, panel.threads))
+
+
+def cols_shared(panel) -> int:
+    """The cols tile factorization's dynamic shared memory: every reflector of a tile, tau, G and T, mbarriers."""
+    return cols.shared_bytes_of(panel.width, panel.tile // 32, True) if panel.slice else 0
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
-    """tsqr.cuh's Shared: the rows panel's, five NB x PITCH blocks, 2 NB."""
+    """tsqr.cuh's Shared (the rows panel's, five NB x PITCH blocks, 2 NB), and with slice the cols factorization's."""
     w = panel.width
-    return 4 * (panel.threads // 32 * 32 + 2 * w * w + 5 * w + 96 + 5 * w * ((w + 3) // 4 * 4 + 4) + 2 * w)
+    static = 4 * (panel.threads // 32 * 32 + 2 * w * w + 5 * w + 96 + 5 * w * ((w + 3) // 4 * 4 + 4) + 2 * w)
+    return static + cols_shared(panel)
 
 
 def spec_shared(panel, rows: int, trail: bool, m: int, n: int) -> int:
-    return 0
+    return cols_shared(panel)
 
 
 def vec(panel, n: int, c0: int) -> int:
@@ -58,20 +93,26 @@ def vec(panel, n: int, c0: int) -> int:
 
 
 def features(panel) -> tuple[str, ...]:
-    return ()
+    return (MBARRIER,) if panel.slice else ()
+
+
+def stream(spec) -> bool:
+    """Whether the cols tile factorization's consumers stream reflectors (plan/cols.streams)."""
+    return bool(spec.slice) and cols.streams(spec.slots * spec.threads // 32, spec.slice, spec.threads)
 
 
 def name(spec) -> str:
-    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
-    return f"qr_tsqr_w{spec.width}_t{spec.threads}_s{spec.slots}_v{spec.vec}{suffix}"
+    suffix = ("_trail" if spec.trail else "") + ("_loop" if spec.loop else "") + ("_st" if stream(spec) else "")
+    cut = f"_c{spec.slice}" if spec.slice else ""
+    return f"qr_tsqr_w{spec.width}_t{spec.threads}_s{spec.slots}{cut}_v{spec.vec}{suffix}"
 
 
 def describe(panel) -> str:
-    return f", tiles of {panel.tile} rows"
+    return f", tiles of {panel.tile} rows" + (f" (cols, slice {panel.slice})" if panel.slice else "")
 
 
 def render(spec, schedule, target):
-    return family.render_panel(spec, schedule, target)
+    return family.render_panel(spec, schedule, target, tsqr_stream=stream(spec))
 
 
 def tsqr_levels(rows: int, width: int, tile: int) -> tuple[tuple[int, int], ...]:

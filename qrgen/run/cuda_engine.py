@@ -94,7 +94,7 @@ class CudaEngine:
             if self.fac.keep:
                 args.set(3, ws.ptrs[v[0]] + 4 * v[1])
                 args.set(4, ws.ptrs[z[0]] + 4 * z[1])
-            launch(func.ptr, tiles, self.nb, 1, L.threads, 1, 1, 0, self.stream_ptr, args.address, 0)
+            launch(func.ptr, tiles, self.nb, 1, L.threads, 1, 1, L.shared_bytes, self.stream_ptr, args.address, 0)
 
     def tmat(self, agg, side=False):
         _, func = self.funcs[tmat.NAME]

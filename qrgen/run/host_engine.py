@@ -53,7 +53,7 @@ class HostKernelEngine(NumpyEngine):
                     h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
                     tree.ctypes.data, tree.shape[1], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
                     L.c0, L.v_ld, L.v_bs))
-                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, 0, *self.turns)
+                self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, L.shared_bytes, *self.turns)
             self.log.append(("panel", index, epoch))
             return
         args = PackedArgs(PANEL_SIGNATURE, (

@@ -31,7 +31,7 @@ CLUSTER_BLOCKS_MAX = 64  # the batch's clusters take at most this many blocks
 TSQR_FROM = 32768  # tsqr panels from this many rows (docs/decisions.md#tsqr-default) ...
 TSQR_ASPECT = 64  # ... and rows a column
 TSQR_MAX_BATCH = 4  # ... for at most this many matrices
-TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": True}
+TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": True, "slice": 0}  # slice: plan/tsqr.py
 TSQR_AGGREGATE = 64
 LOOKAHEAD_PIECES = 2  # Schedule.lookahead where the side products are fp32-class (docs/decisions.md#lookahead)
 LOOKAHEAD_WHOLE = 32  # ... and where they run on tf32/fp16/bf16 tensor cores (one piece)
@@ -77,6 +77,26 @@ class DefaultChoices:
     loop: bool  # Panel.loop for the warp and rows panels
     lookahead: int  # Schedule.lookahead
     reach: bool = False  # Schedule.reach
+
+
+def cols_as_measured(schedule, limits) -> bool:
+    """Whether every cols panel of the schedule runs the kernel default_cols and default_cols_aggregates were
+    measured with: consumers holding each reflector's rows (no streams) and each block holding every reflector.
+    Streaming and slot reuse are for taller panels (default_cols_tall's, or schedules that ask for them)."""
+    from ..plan.layout import aggregates
+    from ..plan.planner import panel_outputs
+
+    aggs = aggregates(schedule)
+    for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
+        if panel.variant != cols.VARIANT:
+            continue
+        rows = schedule.m - c0
+        out = panel_outputs(schedule, index, aggs)
+        prep = out.trail and not out.vt_only
+        if (cols.streams(cols.slots(panel, rows), panel.slice, panel.threads)
+                or cols.shared_bytes_of(panel.width, cols.slots(panel, rows), prep) > limits.shared_bytes):
+            return False
+    return True
 
 
 def default_many(problem: Problem) -> bool:
@@ -219,7 +239,7 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
             check(schedule, target)
         except ValueError:
             continue
-        if cols.as_measured(schedule, target.limits):
+        if cols_as_measured(schedule, target.limits):
             return panel
     return None
 
@@ -247,7 +267,7 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
                 check(schedule, target)
             except ValueError:
                 continue
-            if not cols.as_measured(schedule, target.limits):
+            if not cols_as_measured(schedule, target.limits):
                 continue
             if problem.batch > COLS_MAX_BATCH and width == COLS_AGGREGATE_WIDTHS[0]:
                 return None  # past one wave, only panels narrower than the widest gain (on the taller matrices)
@@ -317,7 +337,8 @@ def default_schedule(problem: Problem, target: Target = SM90) -> Schedule:
     while col < problem.k:
         end = problem.k if not aggregate else min(problem.k, (col // aggregate + 1) * aggregate)
         rows, width = problem.m - col, min(32, end - col)
-        panel = (tsqr_panel(rows, end - col, TSQR_PANEL["width"], TSQR_PANEL["threads"], TSQR_PANEL["tile"])
+        panel = (tsqr_panel(rows, end - col, TSQR_PANEL["width"], TSQR_PANEL["threads"], TSQR_PANEL["tile"],
+                            TSQR_PANEL["slice"])
                  if tsqr else None)
         panel = panel or (cluster_lanes_panel(rows, width, cluster, target=target) if cluster else None)
         panel = panel or (lanes_panel(rows, width, "auto", target=target) if lanes else None)

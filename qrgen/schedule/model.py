@@ -26,11 +26,11 @@ class Panel:
     "cols", "tsqr" or "whole" (each described in its module, qrgen/plan/<variant>.py).
 
     threads, blocks: threads per block and blocks per matrix; cluster: the blocks form one thread-block cluster;
-    slice: columns per warp (cols) or per inner panel (whole); tile: rows per tile (tsqr); loop (warp, rows, tsqr,
-    whole): the loop over columns is not unrolled (registers rotate by one column per step: small code at about 1.6x
-    the arithmetic, which pays where several blocks share an SM's instruction cache); (lanes, past 32 columns on one
-    warp): that kernel's column loop is rolled rather than unrolled by two (a shorter chain for a warp alone on its
-    scheduler, more instructions).
+    slice: columns per warp (cols; tsqr, whose tiles it factors as cols panels) or per inner panel (whole); tile:
+    rows per tile (tsqr); loop (warp, rows, tsqr, whole): the loop over columns is not unrolled (registers rotate by
+    one column per step: small code at about 1.6x the arithmetic, which pays where several blocks share an SM's
+    instruction cache); (lanes, past 32 columns on one warp): that kernel's column loop is rolled rather than
+    unrolled by two (a shorter chain for a warp alone on its scheduler, more instructions).
     """
 
     width: int
@@ -64,8 +64,8 @@ class Panel:
     def to_json(self) -> dict:
         """The fields that apply to its variant."""
         data = asdict(self)
-        for name, applies in (("slice", self.variant in ("cols", "whole")), ("cluster", self.cluster),
-                              ("loop", self.loop), ("tile", self.variant == "tsqr")):
+        for name, applies in (("slice", self.variant in ("cols", "whole") or bool(self.slice)),
+                              ("cluster", self.cluster), ("loop", self.loop), ("tile", self.variant == "tsqr")):
             if not applies:
                 data.pop(name)
         return data

@@ -98,9 +98,18 @@ def default_panel(rows: int, remaining: int, widths=(32, 16, 8), target: Target 
     return multi_block_panel(rows, min(8, remaining), target)
 
 
-def tsqr_panel(rows: int, remaining: int, width: int, threads: int, tile: int) -> Panel | None:
-    """A tsqr panel of at most `width` of the `remaining` columns, or None where `rows` are under two tiles."""
-    return Panel(min(width, remaining), "tsqr", threads, tile=tile) if rows >= 2 * tile else None
+def tsqr_panel(rows: int, remaining: int, width: int, threads: int, tile: int, slice_: int = 0) -> Panel | None:
+    """A tsqr panel of at most `width` of the `remaining` columns, or None where `rows` are under two tiles. slice_:
+    its tiles factored as cols panels with warps of at least that many columns (plan/tsqr.cols_slice) where that
+    fits, else (and with 0) as rows panels on `threads` threads."""
+    from ..plan.cols import cols_threads
+    from ..plan.tsqr import cols_slice
+
+    if rows < 2 * tile:
+        return None
+    width = min(width, remaining)
+    cut = cols_slice(width, slice_, tile) if slice_ else 0
+    return Panel(width, "tsqr", cols_threads(width, cut) if cut else threads, tile=tile, slice=cut)
 
 
 def cols_panel(width: int, slice_: int, blocks: int = 1) -> Panel:

@@ -123,8 +123,11 @@ TSQR_THREADS = (64, 128, 256)
 TSQR_TILES = (256, 512, 1024)
 
 
+TSQR_SLICES = (0, 2, 4)  # 0: tiles factored as rows panels; else as cols panels, warps of at least this many columns
+
+
 TSQR_WARM = {"tsqr_head": TSQR_PANEL["width"], "tsqr_threads": TSQR_PANEL["threads"], "tsqr_tile": TSQR_PANEL["tile"],
-             "loop": TSQR_PANEL["loop"]}
+             "loop": TSQR_PANEL["loop"], "tsqr_slice": TSQR_PANEL["slice"]}
 
 
 TSQR_WARM_ROWS = 4096  # matrices of at least this many rows and at most CLUSTER_TRIALS_MAX_BATCH of them
@@ -221,7 +224,8 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
             panel = (lanes_panel(rows, width, params["lane_slots"], blocks)
                      or (cluster_panel(rows, width, blocks) if blocks > 1 else None) or default_panel(rows, remaining))
         elif family == "tsqr":
-            panel = (tsqr_panel(rows, remaining, params[f"tsqr_{phase}"], params["tsqr_threads"], params["tsqr_tile"])
+            panel = (tsqr_panel(rows, remaining, params[f"tsqr_{phase}"], params["tsqr_threads"], params["tsqr_tile"],
+                                params.get("tsqr_slice", 0))
                      or default_panel(rows, remaining))
         elif family == "cols":
             width = remaining if params[f"cols_{phase}"] == "all" else min(params[f"cols_{phase}"], remaining)
@@ -266,6 +270,7 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
     if params["family"] == "tsqr":
         params["tsqr_threads"] = trial.suggest_categorical("tsqr_threads", TSQR_THREADS)
         params["tsqr_tile"] = trial.suggest_categorical("tsqr_tile", TSQR_TILES)
+        params["tsqr_slice"] = trial.suggest_categorical("tsqr_slice", TSQR_SLICES)
     if params["family"] in ("rows", "lanes", "tsqr"):  # lanes: its rows panels where lanes do not fit
         params["loop"] = trial.suggest_categorical("loop", LOOPS)
     if params["family"] == "lanes":
@@ -322,7 +327,7 @@ def variations(problem: Problem) -> list[dict]:
         found += [{**lanes, "family": "lanes", "lanes_head": 32, "lane_slots": slots, "lanes_cluster": blocks,
                    "loop": False} for slots, blocks in ((16, 8), (32, 8)) + wide]
         if problem.m >= TSQR_WARM_ROWS:
-            found.append({**lanes, "family": "tsqr", **TSQR_WARM})
+            found += [{**lanes, "family": "tsqr", **TSQR_WARM, "tsqr_slice": cut} for cut in TSQR_SLICES[:2]]
     if params.get("lanes_cluster"):  # the default's clusters: the default without them
         found.append(default_params(problem, clustered=False))
     if _has_loop_choice(problem, params):

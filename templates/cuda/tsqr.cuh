@@ -1,6 +1,7 @@
 // The "tsqr" panel, for panels of many rows and few matrices: a tree of Householder QRs over tiles of TILE rows
 // (level 0 the panel's rows; each next level the stacked NB x NB R factors of the last level's tiles, up to one
-// tile), each tile factored by one block as a RowsPanel; then Q's first NB columns down the tree (a tile's Q block
+// tile), each tile factored by one block as a RowsPanel, or with SLICE > 0 as a ColsPanel (warps of SLICE columns,
+// reflectors through the launch's dynamic shared memory); then Q's first NB columns down the tree (a tile's Q block
 // is [Y; 0] - V T V1^T Y, with Y its block of its parent's Q: products, no chain of reflectors); then Householder
 // reflectors rebuilt from Q by an LU factorization with signs, Q - [S; 0] = V U, whose pivots have magnitude at
 // least 1 (Ballard et al., "Reconstructing Householder vectors from tall-skinny QR", 2014): V unit lower
@@ -9,9 +10,10 @@
 // expand levels NLEV-1 .. 1, then the final phase (level 0's Q blocks, the LU, V, h, tau, V^T and (VT)^T).
 // The work buffer ts holds per matrix the stacks S_l (l >= 1; S_NLEV is the root's R), each level's tau and T,
 // and level 0's first tile's top rows (V1), at offsets plan/tsqr.tsqr_layout gives.
-template <int M, int N, int K, int NB, int THREADS, int SLOTS, int VEC, bool TRAIL, bool LOOP>
+template <int M, int N, int K, int NB, int THREADS, int SLOTS, int VEC, bool TRAIL, bool LOOP, int SLICE, bool STREAM>
 struct TsqrPanel {
   static constexpr int TILE = SLOTS * THREADS;
+  static_assert(SLICE == 0 || THREADS == 32 * cdiv(NB, SLICE), "a cols tile factorization takes a warp a slice");
   // The small matrices in shared memory: rows padded to a multiple of 4 floats plus 4 (16-byte aligned, and
   // a column walk meets no bank twice in a row), read along rows by loads of SV floats.
   static constexpr int SV = NB % 4 == 0 ? 4 : (NB % 2 == 0 ? 2 : 1);
@@ -77,11 +79,15 @@ struct TsqrPanel {
   }
 
   // A level's tile: its reflectors in place, its tau and T, its R (upper, zeros below) into the next stack, and
-  // for level 0's first tile its top rows into v1 too.
+  // for level 0's first tile its top rows into v1 too. dyn: the cols factorization's shared memory (SLICE > 0).
   __device__ __forceinline__ void factor(const float* in, float* io, const int ld, const int rows,
                                          float* __restrict__ tau_out, float* __restrict__ t_out,
-                                         float* __restrict__ r_out, float* __restrict__ v1_out) {
+                                         float* __restrict__ r_out, float* __restrict__ v1_out, float* dyn) {
     const int tile = blockIdx.x;
+    if constexpr (SLICE > 0) {
+      factor_cols(in, io, ld, rows, tau_out, t_out, r_out, v1_out, dyn);
+      return;
+    }
     load(in, ld, rows, tile * TILE);
     p.factor();
     store(io, ld, rows, tile * TILE);
@@ -92,6 +98,45 @@ struct TsqrPanel {
         t_out[((size_t)tile * NB + t) * NB + k] = k >= t ? sm.panel.tmat[t][k] : 0.0f;
         r_out[((size_t)tile * NB + t) * NB + k] = k >= t ? p.x[0][k] : 0.0f;
         if (v1_out != nullptr) v1_out[t * NB + k] = p.x[0][k];  // level 0's first tile only
+      }
+    }
+  }
+
+  // factor's outputs from a ColsPanel: warp w holds columns [w SLICE, w SLICE + SLICE) of the tile's rows, lane l
+  // rows l, l + 32, ...; G and T from the reflectors in shared memory (its layout: panel_cols's, with G and T).
+  __device__ __forceinline__ void factor_cols(const float* in, float* io, const int ld, const int rows,
+                                              float* __restrict__ tau_out, float* __restrict__ t_out,
+                                              float* __restrict__ r_out, float* __restrict__ v1_out, float* dyn) {
+    using C = ColsPanel<TILE, NB, NB, TILE / 32, NB, SLICE, (SLICE < LV ? SLICE : LV), 0, true, true, 1, STREAM,
+                        false>;
+    const int tile = blockIdx.x, first = tile * TILE, lane = t & 31, warp = t >> 5;
+    float* taus = dyn + NB * C::RS;
+    float* gram = taus + NB;
+    float* tmat = gram + NB * (NB + 1);
+    unsigned long long* bars =
+        reinterpret_cast<unsigned long long*>(tmat + NB * (NB + 1) + ((NB + 2 * NB * (NB + 1)) & 1));
+    if (t < NB) mbar_init(bars + t, 32);
+    block_barrier();
+    C c{dyn, taus, gram, tmat, bars, 0, min(TILE, rows - first), 0, lane, warp, 0, 0, {}, 0};
+    const size_t at = (size_t)first * ld + warp * SLICE;
+    const int own = min(SLICE, NB - warp * SLICE);  // the last warp's columns may be fewer
+    c.load(in + at, ld, own);
+    c.factor(own, nullptr);
+    c.store(io + at, ld, own);
+    c.template prepare_t<2>();  // G's loads not all in flight: registers for the rows phases' blocks per SM
+    if (t < NB) {
+      tau_out[tile * NB + t] = taus[t];
+#pragma unroll
+      for (int k = 0; k < NB; ++k) t_out[((size_t)tile * NB + t) * NB + k] = k >= t ? tmat[t * (NB + 1) + k] : 0.0f;
+    }
+    if (lane < NB) {  // R's row `lane` (and V1's) in slot 0 of each warp's columns
+#pragma unroll
+      for (int k = 0; k < SLICE; ++k) {
+        const int col = warp * SLICE + k;
+        if (k < own) {
+          r_out[((size_t)tile * NB + lane) * NB + col] = col >= lane ? c.x[0][k] : 0.0f;
+          if (v1_out != nullptr) v1_out[lane * NB + col] = c.x[0][k];  // level 0's first tile only
+        }
       }
     }
   }

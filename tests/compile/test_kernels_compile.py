@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES, needs_nvrtc
+from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES, TSQR_COLS_SCHEDULES, needs_nvrtc
 from qrgen.api import keeps_q
 from qrgen.compile.nvrtc import compile_many, compile_source
 from qrgen.paths import schedule_dir
@@ -115,8 +115,8 @@ def test_rows_shared_bytes_is_the_rows_panels_shared_memory(tmp_path, monkeypatc
     compile_source(kernel.name + "_shared_check", kernel.source + checks, "sm_90", use_cache=False)
 
 
-@pytest.mark.parametrize("schedule", COLS_SCHEDULES + LANES_SCHEDULES,
-                         ids=lambda s: f"{s.panels[0].variant}-{s.m}x{s.n}")
+@pytest.mark.parametrize("schedule", COLS_SCHEDULES + LANES_SCHEDULES + TSQR_COLS_SCHEDULES,
+                         ids=lambda s: f"{s.panels[0].variant}{s.panels[0].slice or ''}-{s.m}x{s.n}")
 def test_cols_and_lanes_kernels_compile_without_spills(schedule, tmp_path, monkeypatch):
     _test_cache(tmp_path, monkeypatch)
     _no_spills([(r.name, r.source) for r in render_all(schedule, SM90)])

@@ -2,7 +2,7 @@
 host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence
 (run/host_engine.py, cuBLAS's products in NumPy), pass the gates on a batch of every stress family with twice the
 margin: every panel family (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on
-one block, on clusters and cooperative, whole, tsqr) and the default schedules of the many-small shapes, those
+one block, on clusters and cooperative, whole, tsqr with rows and with cols tiles) and the default schedules of the many-small shapes, those
 that wait for each other in drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R
 on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit and fused product
 kernels run in the sequence too."""
@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES
+from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES, TSQR_COLS_SCHEDULES
 from qrgen.compile import host
 from qrgen.numerics.check import FACTOR_GATE, ORTHOGONALITY_GATE, check
 from qrgen.numerics.stress import FAMILIES, mixed
@@ -75,7 +75,7 @@ def _name(s):
                                       for p in s.panels[:3])
 
 
-@pytest.mark.parametrize("schedule", LANES_SCHEDULES + COLS_SCHEDULES, ids=_name)
+@pytest.mark.parametrize("schedule", LANES_SCHEDULES + COLS_SCHEDULES + TSQR_COLS_SCHEDULES, ids=_name)
 def test_lanes_and_cols_kernels_pass_the_gates_on_the_cpu(schedule):
     _gates(schedule, 2 if f"{schedule.m}x{schedule.n}" in TALL else len(FAMILIES))
 
@@ -142,7 +142,7 @@ DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDUL
          "lanes_cluster_2048x96": LANES_SCHEDULES[10], "lanes_block_160x160": LANES_SCHEDULES[17],
          "rows_cooperative_2048x64": OTHER_SCHEDULES["rows_cooperative_2048x64"],
          "rows_cluster_1024x64": OTHER_SCHEDULES["rows_cluster_1024x64"],
-         "cols_reuse_1024x192": COLS_SCHEDULES[-2]}
+         "cols_reuse_1024x192": COLS_SCHEDULES[-2], "tsqr_cols_3000x21": TSQR_COLS_SCHEDULES[0]}
 
 
 @pytest.mark.parametrize("case", DRAWN)

@@ -42,6 +42,8 @@ def test_metal_plans_refuse_what_metal_lacks():
         plan(Schedule(64, 64, (Panel(32, "rows", 64),) * 2, precision=Precision(update="tf32")), APPLE)
     with pytest.raises(ValueError, match="unrolled"):
         plan(Schedule(4096, 32, (Panel(16, "tsqr", 256, tile=256, loop=True),) * 2), APPLE)
+    with pytest.raises(ValueError, match="rows panels \\(slice 0\\)"):
+        plan(Schedule(4096, 32, (Panel(16, "tsqr", 256, tile=256, slice=2),) * 2), APPLE)
 
 
 @pytest.mark.parametrize("batch,m,n", [(1, 100000, 32), (1, 20000, 100), (1, 40000, 256), (2, 4096, 4096)])

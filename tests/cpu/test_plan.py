@@ -17,7 +17,7 @@ from qrgen.problem import Problem
 from qrgen.render.environment import environment
 from qrgen.render.sources import render, render_all
 from qrgen.run.launch import CTYPES
-from qrgen.schedule.heuristic import default_schedule
+from qrgen.schedule.heuristic import cols_as_measured, default_schedule
 from qrgen.schedule.model import MAX_AGGREGATE, Panel, Precision, Schedule
 from qrgen.targets import Target
 
@@ -102,7 +102,7 @@ def test_cols_panels_write_vt_alone_where_no_products_of_their_own_follow():
 def test_tall_cols_panels_reuse_slots_and_stream_reflectors():
     """A cols panel on a cluster of two without products of its own, too tall for every reflector to fit in shared
     memory, holds one block's share of them (the later block reuses the earlier one's slots, `_r`); where a held reflector would pass the register cap, consumers
-    stream it (`_st`). Neither is what the defaults were measured with (cols.as_measured), which keeps them."""
+    stream it (`_st`). Neither is what the defaults were measured with (cols_as_measured), which keeps them."""
     from kernel_cases import COLS_SCHEDULES
 
     tall = COLS_SCHEDULES[-2]  # 1024 x 192, two 96-column panels on clusters of two, aggregates of 96
@@ -115,8 +115,8 @@ def test_tall_cols_panels_reuse_slots_and_stream_reflectors():
     assert cols.held(96, 32, 4, 1, False) == 96
     # where every reflector fits, a cluster panel holds them all: no slot reuse and no barrier for it (40 x 176²)
     assert not cols.reuses(176, 6, 2, False) and cols.held(176, 6, 4, 2, False) == 176
-    assert not cols.as_measured(tall, SM90.limits)
-    assert cols.as_measured(default_schedule(Problem(352, 352, 40)), SM90.limits)
+    assert not cols_as_measured(tall, SM90.limits)
+    assert cols_as_measured(default_schedule(Problem(352, 352, 40)), SM90.limits)
 
 
 @pytest.mark.parametrize("width,slice_", [(1, 2), (2, 2), (4, 4), (8, 8)])

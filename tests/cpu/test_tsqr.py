@@ -8,12 +8,14 @@ import pytest
 from qrgen.numerics import reference
 from qrgen.numerics.check import check
 from qrgen.numerics.stress import FAMILIES, stress
+from qrgen.plan import cols
 from qrgen.plan.planner import check as check_target
 from qrgen.plan.planner import plan
 from qrgen.plan.tsqr import tsqr_layout, tsqr_levels, tsqr_phases
 from qrgen.render.sources import render
 from qrgen.run import numpy_engine
 from qrgen.schedule.model import Panel, Precision, Schedule
+from qrgen.schedule.panels import tsqr_panel
 from qrgen.targets import Target
 
 
@@ -85,9 +87,37 @@ def test_tsqr_schedule_json_plan_and_source():
     assert [k.name for k in kernels] == ["qr_tsqr_w32_t256_s2_v4_trail_loop", "qr_tsqr_w32_t128_s2_v4"]
     assert launches[0].levels == tsqr_levels(5000, 32, 512) and launches[1].tile == 256
     source = render(kernels[0], schedule, Target()).source
-    assert "TsqrPanel<5000, 64, 64, 32, 256, 2, 4, true, true>" in source
+    assert "TsqrPanel<5000, 64, 64, 32, 256, 2, 4, true, true, 0, false>" in source
     with pytest.raises(ValueError, match="registers"):  # 8 rows of 32 columns per thread
         check_target(Schedule(5000, 32, (Panel(32, "tsqr", 64, tile=512),)), Target())
+
+
+def test_tsqr_cols_tiles_schedule_json_plan_and_source():
+    """Tiles factored as cols panels (Panel.slice): a warp a slice, the reflectors in dynamic shared memory, the
+    field in the schedule's JSON, the kernel's name and its template values; fields that do not fit are refused."""
+    schedule = Schedule(5000, 20, (Panel(16, "tsqr", 256, tile=512, slice=2), Panel(4, "tsqr", 64, tile=512, slice=2)))
+    assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
+    assert schedule.to_json()["panels"][0]["slice"] == 2
+    assert "slice" not in Schedule(5000, 16, (Panel(16, "tsqr", 256, tile=512),)).to_json()["panels"][0]
+    assert "(cols, slice 2)" in schedule.describe()
+    kernels = plan(schedule).kernels
+    assert [k.name for k in kernels] == ["qr_tsqr_w16_t256_s2_c2_v4_trail", "qr_tsqr_w4_t64_s8_c2_v4"]
+    assert kernels[0].shared_bytes == cols.shared_bytes_of(16, 16, True)  # every reflector of a tile, G, T
+    source = render(kernels[0], schedule, Target()).source
+    assert "TsqrPanel<5000, 20, 20, 16, 256, 2, 4, true, false, 2, false>" in source
+    assert "QR_DYNAMIC_SHARED(dyn)" in source
+    with pytest.raises(ValueError, match="32 \\* ceil\\(width / slice\\) = 256"):
+        Panel(16, "tsqr", 128, tile=512, slice=2)
+    with pytest.raises(ValueError, match="one of"):
+        Panel(16, "tsqr", 256, tile=512, slice=3)
+    with pytest.raises(ValueError, match="loop"):
+        Panel(16, "tsqr", 256, tile=512, slice=2, loop=True)
+    with pytest.raises(ValueError, match="at most 16 x threads"):
+        Panel(4, "tsqr", 32, tile=1024, slice=4)
+    # the helper picks the narrowest slice that fits, else none (rows tiles)
+    assert tsqr_panel(5000, 16, 16, 256, 512, 2) == Panel(16, "tsqr", 256, tile=512, slice=2)
+    assert tsqr_panel(5000, 6, 16, 256, 512, 2) == Panel(6, "tsqr", 64, tile=512, slice=4)  # 3 warps: no block
+    assert tsqr_panel(5000, 20, 32, 256, 512, 2) == Panel(20, "tsqr", 256, tile=512)  # 3 or 5 or 10 warps
 
 
 @pytest.mark.parametrize("schedule", [
