@@ -16,7 +16,11 @@ LOOP = True
 CLUSTER = False
 REG_OVERHEAD = 60
 MAX_SLOTS = 8  # the most rows per thread of a tile (slice 0: a rows panel holds slots x width floats a thread)
-MAX_COLS_SLOTS = 16  # ... with cols tiles, whose rows phases hold slots x width of a narrower block's threads
+# With cols tiles, at most this many rows a tile (32 a lane), and a thread's rows in the other phases at most this
+# many floats (slots x width): past either, ptxas spills the kernel that holds both layouts
+MAX_COLS_TILE = 1024
+MAX_COLS_HELD = 64
+COLS_TILE_LIMITS = f"at most {MAX_COLS_TILE} rows, at most {MAX_COLS_HELD} floats of rows a thread"
 # src, h, tau, vt, zt, ts, its stride; kind, rows, at, out, tau_at, t_at, y, v1 (offsets in ts), c0, vld; vbs
 SIGNATURE = "PPPPPPL" + "I" * 10 + "L"
 
@@ -38,23 +42,30 @@ def check(panel) -> None:
                              f"slice {panel.slice} (a warp a slice), got {panel.threads}")
         if panel.loop:
             raise ValueError("Panel.loop applies to variant 'tsqr' with rows tiles (slice 0) only")
-    most = MAX_SLOTS if not panel.slice else MAX_COLS_SLOTS
+    most = most_slots(panel.width, panel.threads, panel.slice)
     if (not isinstance(panel.tile, int) or panel.tile < 2 * panel.width or panel.tile % panel.threads
             or panel.tile // panel.threads > most):
         raise ValueError(f"Panel.tile (rows per tile of variant 'tsqr') must be a multiple of threads "
                          f"({panel.threads}), at least twice the width ({2 * panel.width}) and at most "
-                         f"{most} x threads; got {panel.tile!r}")
+                         f"{max(most, 1)} x threads{' (cols tiles: ' + COLS_TILE_LIMITS + ')' if panel.slice else ''}; "
+                         f"got {panel.tile!r}")
     family.check_narrow(panel)
+
+
+def most_slots(width: int, threads: int, slice_: int) -> int:
+    """The most rows a thread of a tile (tile / threads): MAX_SLOTS with rows tiles; with cols tiles, within
+    MAX_COLS_TILE and MAX_COLS_HELD."""
+    return MAX_SLOTS if not slice_ else min(MAX_COLS_HELD // width, MAX_COLS_TILE // threads)
 
 
 def cols_slice(width: int, at_least: int, tile: int) -> int:
     """The narrowest slice of plan/cols.SLICES, at least `at_least`, on which a tsqr panel of `width` columns and
     tiles of `tile` rows factors its tiles as cols panels (a warp a slice: threads a block count of check_threads,
-    dividing the tile, at most MAX_COLS_SLOTS rows a thread); 0 where none does."""
+    the tile within check's limits); 0 where none does."""
     for slice_ in cols.SLICES:
         threads = cols.cols_threads(width, slice_)
-        if (slice_ >= at_least and threads in family.THREADS and tile % threads == 0
-                and tile // threads <= MAX_COLS_SLOTS and tile >= 2 * width):
+        if (slice_ >= at_least and threads in family.THREADS and tile >= 2 * width and tile % threads == 0
+                and tile // threads <= most_slots(width, threads, slice_)):
             return slice_
     return 0
 

@@ -112,8 +112,10 @@ def test_tsqr_cols_tiles_schedule_json_plan_and_source():
         Panel(16, "tsqr", 256, tile=512, slice=3)
     with pytest.raises(ValueError, match="loop"):
         Panel(16, "tsqr", 256, tile=512, slice=2, loop=True)
-    with pytest.raises(ValueError, match="at most 16 x threads"):
-        Panel(4, "tsqr", 32, tile=1024, slice=4)
+    with pytest.raises(ValueError, match="at most 4 x threads \\(cols tiles"):  # 8 rows of 16 columns a thread
+        Panel(16, "tsqr", 256, tile=2048, slice=2)
+    with pytest.raises(ValueError, match="at most 16 x threads"):  # 2,048 rows
+        Panel(4, "tsqr", 64, tile=2048, slice=2)
     # the helper picks the narrowest slice that fits, else none (rows tiles)
     assert tsqr_panel(5000, 16, 16, 256, 512, 2) == Panel(16, "tsqr", 256, tile=512, slice=2)
     assert tsqr_panel(5000, 6, 16, 256, 512, 2) == Panel(6, "tsqr", 64, tile=512, slice=4)  # 3 warps: no block
