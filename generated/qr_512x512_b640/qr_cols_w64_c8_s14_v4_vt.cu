@@ -591,12 +591,9 @@ struct ColsPanel {
     if constexpr (I + 1 < S) produce_all<I + 1>(vt);
   }
 
-  __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
-                                      float* __restrict__ vt, float* __restrict__ zt) {
-    const int gw = g * WARPS + warp;  // this warp's rank among the panel's warps
-    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
-    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
-    const int own = min(S, max(0, NB - gw * S));  // columns of this warp: S, fewer in the panel's last, or none
+  // This warp's columns (own of them: S, fewer in the panel's last, or none) from sb, rows ld floats apart (zeros
+  // from row mp on and past own).
+  __device__ __forceinline__ void load(const float* __restrict__ sb, const int ld, const int own) {
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int r = s * 32 + lane;
@@ -604,13 +601,31 @@ struct ColsPanel {
       for (int k = 0; k < S; k += VEC) {
         const bool inside = r < mp && k < own;
         if (inside) {
-          load_vec<VEC>(&x[s][k], sb + (size_t)r * N + k);
+          load_vec<VEC>(&x[s][k], sb + (size_t)r * ld + k);
         } else {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) x[s][k + e] = 0.0f;
         }
       }
     }
+  }
+
+  __device__ __forceinline__ void store(float* __restrict__ hb, const int ld, const int own) const {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int r = s * 32 + lane;
+#pragma unroll
+      for (int k = 0; k < S; k += VEC) {
+        if (r < mp && k < own) store_vec<VEC>(hb + (size_t)r * ld + k, &x[s][k]);
+      }
+    }
+  }
+
+  // The factorization of the columns in x: the reflectors of the warps before this one applied as they appear,
+  // then this warp's own produced; every warp's columns are final (R on and above the diagonal, V below it) after
+  // the closing barrier.
+  __device__ __forceinline__ void factor(const int own, float* __restrict__ vt) {
+    const int gw = g * WARPS + warp;  // this warp's rank among the panel's warps
     consume_all<0>(own > 0 ? gw * S : 0);
     if constexpr (REUSE) {
       if (g > 0 && own == 0) block_barrier();  // consume_all's barrier, for a warp that applies no reflector
@@ -618,56 +633,66 @@ struct ColsPanel {
     column_norm<0>(gw * S, sigma, alpha);
     produce_all<0>(vt);
     block_barrier();
+  }
 
+  // G = V^T V (entries k < j) and T (PREP; in the block that holds every reflector), both in shared memory. G in
+  // tiles of 4 x 8 entries a warp, lanes over the rows: each lane sums its rows' products for the tile's 32
+  // entries, and one reduce-scatter (31 shuffles) leaves entry `lane` in lane `lane`. The loop over slots unrolled
+  // UNROLL times (all of them by default: its loads then hoisted, at a register each).
+  template <int UNROLL = SLOTS>
+  __device__ __forceinline__ void prepare_t() {
+    constexpr int KT = cdiv(NB, 4), JT = cdiv(NB, 8);
+    for (int tile = warp; tile < KT * JT; tile += WARPS) {
+      const int k0 = (tile / JT) * 4, j0 = (tile - (tile / JT) * JT) * 8;
+      if (j0 + 7 <= k0) continue;  // no entry k < j
+      float acc[32];
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int r = s * 32 + lane;
+      for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
+#pragma unroll UNROLL
+      for (int s = 0; s < SLOTS; ++s) {
+        float kv[4], jv[8];
 #pragma unroll
-      for (int k = 0; k < S; k += VEC) {
-        if (r < mp && k < own) store_vec<VEC>(hb + (size_t)r * N + k, &x[s][k]);
+        for (int a = 0; a < 4; ++a) {
+          kv[a] = k0 + a < NB ? round_input<GRAM>(vs[(k0 + a) * RS + s * 32 + lane]) : 0.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          jv[c] = j0 + c < NB ? round_input<GRAM>(vs[(j0 + c) * RS + s * 32 + lane]) : 0.0f;
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int c = 0; c < 8; ++c) acc[a * 8 + c] = fmaf(kv[a], jv[c], acc[a * 8 + c]);
       }
+      reduce_scatter<16, 32>(acc, lane);
+      const int k = k0 + (lane >> 3), j = j0 + (lane & 7);
+      if (k < j && j < NB) gram[k * (NB + 1) + j] = acc[0];
     }
+    block_barrier();
+    // T row by row (LAPACK slarft, forward, columnwise): row t depends only on its own entries and on G.
+    const int t = warp * 32 + lane;
+    if (t < NB) {
+      t_row<NB, NB + 1>(t, gram, taus, NB, static_cast<volatile float*>(tmat + t * (NB + 1)));
+    }
+    block_barrier();
+  }
+
+  __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
+                                      float* __restrict__ vt, float* __restrict__ zt) {
+    const int gw = g * WARPS + warp;
+    const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
+    float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
+    const int own = min(S, max(0, NB - gw * S));  // columns of this warp: S, fewer in the panel's last, or none
+    load(sb, N, own);
+    factor(own, vt);
+    store(hb, N, own);
     const int t = warp * 32 + lane;
     const int tc = g * WARPS * S + t;  // this block's columns' tau
     if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
 
     if constexpr (PREP) {
       if (g != BLOCKS - 1) return;
-      // G = V^T V (entries k < j) in tiles of 4 x 8 entries a warp, lanes over the rows: each lane sums its rows'
-      // products for the tile's 32 entries, and one reduce-scatter (31 shuffles) leaves entry `lane` in lane `lane`.
-      constexpr int KT = cdiv(NB, 4), JT = cdiv(NB, 8);
-      for (int tile = warp; tile < KT * JT; tile += WARPS) {
-        const int k0 = (tile / JT) * 4, j0 = (tile - (tile / JT) * JT) * 8;
-        if (j0 + 7 <= k0) continue;  // no entry k < j
-        float acc[32];
-#pragma unroll
-        for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-          float kv[4], jv[8];
-#pragma unroll
-          for (int a = 0; a < 4; ++a) {
-            kv[a] = k0 + a < NB ? round_input<GRAM>(vs[(k0 + a) * RS + s * 32 + lane]) : 0.0f;
-          }
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            jv[c] = j0 + c < NB ? round_input<GRAM>(vs[(j0 + c) * RS + s * 32 + lane]) : 0.0f;
-          }
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int c = 0; c < 8; ++c) acc[a * 8 + c] = fmaf(kv[a], jv[c], acc[a * 8 + c]);
-        }
-        reduce_scatter<16, 32>(acc, lane);
-        const int k = k0 + (lane >> 3), j = j0 + (lane & 7);
-        if (k < j && j < NB) gram[k * (NB + 1) + j] = acc[0];
-      }
-      block_barrier();
-      // T row by row (LAPACK slarft, forward, columnwise): row t depends only on its own entries and on G.
-      if (t < NB) {
-        t_row<NB, NB + 1>(t, gram, taus, NB, static_cast<volatile float*>(tmat + t * (NB + 1)));
-      }
-      block_barrier();
+      prepare_t();
       // V^T and (V T)^T for the trailing update, rows over all threads.
       for (int r = t; r < mp; r += WARPS * 32) {
         for (int i = 0; i < NB; ++i) {

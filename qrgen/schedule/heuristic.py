@@ -26,12 +26,17 @@ MANY_WIDTH = 16
 MANY_AGGREGATE = 64
 FUSED_MAX_ROWS = 4096  # rows up to which the panels' own products are fused (docs/decisions.md#fused-panel-update) ...
 FUSED_MAX_SINGLE = 4096 * 1024  # ... except one matrix of more elements than this (cuBLAS there)
+# past FUSED_MAX_ROWS, the panels' own products by the rowsplit kernels for this many matrices or more, up to this
+# many columns (docs/decisions.md#rowsplit-batches)
+SPLIT_MIN_BATCH = 2
+SPLIT_MAX_COLS = 512
 CLUSTER_ROWS_PER_BLOCK = (256, 512)  # several matrices: rows a cluster block (docs/decisions.md#cluster-from)
 CLUSTER_BLOCKS_MAX = 64  # the batch's clusters take at most this many blocks
 TSQR_FROM = 32768  # tsqr panels from this many rows (docs/decisions.md#tsqr-default) ...
+TSQR_SINGLE_FROM = 16385  # ... for one matrix from this many: past the rows a cluster's rows panel holds
 TSQR_ASPECT = 64  # ... and rows a column
 TSQR_MAX_BATCH = 4  # ... for at most this many matrices
-TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": True, "slice": 0}  # slice: plan/tsqr.py
+TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": False, "slice": 2}  # cols tiles (plan/tsqr.py)
 TSQR_AGGREGATE = 64
 LOOKAHEAD_PIECES = 2  # Schedule.lookahead where the side products are fp32-class (docs/decisions.md#lookahead)
 LOOKAHEAD_WHOLE = 32  # ... and where they run on tf32/fp16/bf16 tensor cores (one piece)
@@ -115,8 +120,12 @@ def default_aggregate(problem: Problem, target: Target = SM90) -> int:
 
 
 def default_panel_update(problem: Problem) -> str:
-    """"fused" up to FUSED_MAX_ROWS rows (docs/decisions.md#fused-panel-update), else cuBLAS."""
-    if problem.m > FUSED_MAX_ROWS or (problem.batch == 1 and problem.m * problem.n > FUSED_MAX_SINGLE):
+    """"fused" up to FUSED_MAX_ROWS rows (docs/decisions.md#fused-panel-update); past them the rowsplit kernels for
+    SPLIT_MIN_BATCH matrices or more of at most SPLIT_MAX_COLS columns (batched cuBLAS sums each matrix's long
+    products on few blocks: docs/decisions.md#rowsplit-batches), else cuBLAS."""
+    if problem.m > FUSED_MAX_ROWS:
+        return "rowsplit" if problem.batch >= SPLIT_MIN_BATCH and problem.n <= SPLIT_MAX_COLS else "cublas"
+    if problem.batch == 1 and problem.m * problem.n > FUSED_MAX_SINGLE:
         return "cublas"
     return "fused"
 
@@ -142,7 +151,8 @@ def default_cluster(problem: Problem, target: Target = SM90) -> int:
 
 def default_tsqr(problem: Problem) -> bool:
     """Whether the heuristic gives `problem` tsqr panels."""
-    return problem.batch <= TSQR_MAX_BATCH and problem.m >= max(TSQR_FROM, TSQR_ASPECT * problem.n)
+    least = TSQR_SINGLE_FROM if problem.batch == 1 else TSQR_FROM
+    return problem.batch <= TSQR_MAX_BATCH and problem.m >= max(least, TSQR_ASPECT * problem.n)
 
 
 def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:
@@ -185,7 +195,7 @@ def default_choices(problem: Problem, clustered: bool = True, target: Target = S
     """clustered=False: the heuristic as it would be without clusters."""
     if default_tsqr(problem):
         aggregate = fit_aggregate(TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0, target)
-        return DefaultChoices(0, aggregate, "cublas", Precision(), TSQR_PANEL["loop"], 0)
+        return DefaultChoices(0, aggregate, default_panel_update(problem), Precision(), TSQR_PANEL["loop"], 0)
     cluster = default_cluster(problem, target) if clustered and not default_many(problem) else 0
     aggregate = fit_aggregate(0 if cluster and problem.batch == 1 else default_aggregate(problem, target), target)
     update = default_panel_update(problem)

@@ -50,6 +50,9 @@ OTHER_SCHEDULES = {
     # a tree of several levels with a ragged last tile, a width no multiple of 4, in aggregates
     "tsqr_3000x21": Schedule(3000, 21, tuple(Panel(min(8, 21 - c), "tsqr", 64, tile=128) for c in range(0, 21, 8)),
                              aggregate=16),
+    # cols tiles with the panels' own products by the rowsplit kernels (the default for several tall matrices)
+    "tsqr_cols_rowsplit_3000x40": Schedule(3000, 40, (Panel(16, "tsqr", 256, tile=256, slice=2),) * 2
+                                           + (Panel(8, "tsqr", 128, tile=256, slice=2),), panel_update="rowsplit"),
 }
 # the default schedules of the many-small shapes (batch, m, n), whatever families they pick
 DEFAULTS = [(4000, 16, 16), (20, 32, 32), (1000, 64, 64), (500, 128, 128), (40, 128, 128), (100, 256, 256)]

@@ -362,3 +362,21 @@ def test_a_keep_plan_whose_panel_does_not_fit_shared_memory_is_refused():
         plan(schedule, keep=True)
     narrow = Schedule(176, 176, (Panel(96, "cols", 768, 1, 4), Panel(80, "cols", 640, 1, 4)))
     assert plan(narrow, keep=True).keep
+
+
+def test_the_panels_own_products_split_over_blocks_for_several_tall_matrices():
+    """Past FUSED_MAX_ROWS rows, SPLIT_MIN_BATCH or more matrices of at most SPLIT_MAX_COLS columns take the rowsplit
+    kernels for the panels' own products (tsqr panels too), one matrix cuBLAS; up to FUSED_MAX_ROWS the fused kernel
+    (docs/decisions.md#rowsplit-batches)."""
+    from qrgen.schedule.heuristic import FUSED_MAX_ROWS, SPLIT_MAX_COLS, SPLIT_MIN_BATCH
+
+    def update(batch, m, n):
+        return default_schedule(Problem(m, n, batch)).panel_update
+
+    tall = FUSED_MAX_ROWS + 1
+    assert update(SPLIT_MIN_BATCH, tall, 64) == update(4, 40000, 128) == update(2, 100000, 32) == "rowsplit"
+    assert update(SPLIT_MIN_BATCH, tall, SPLIT_MAX_COLS) == "rowsplit"
+    assert update(SPLIT_MIN_BATCH, tall, SPLIT_MAX_COLS + 1) == "cublas"
+    assert update(1, tall, 64) == update(1, 40000, 128) == "cublas"
+    assert update(SPLIT_MIN_BATCH, FUSED_MAX_ROWS, 64) == "fused"
+    assert default_schedule(Problem(40000, 128, 4)).panels[0].variant == "tsqr"

@@ -403,21 +403,26 @@ def test_cost_model_ranks_tsqr_as_measured(m, n):
 
 
 def test_single_tall_matrices_default_to_clusters():
-    """One matrix of CLUSTER_FROM rows or more: panels on clusters of 16 blocks where they fit, no aggregates;
-    rows beyond a cluster's registers fall back to the multi-block panels; from TSQR_FROM rows and TSQR_ASPECT
-    rows a column (up to TSQR_MAX_BATCH matrices), tsqr panels where a panel has two tiles of rows."""
-    from qrgen.schedule.heuristic import CLUSTER_FROM, TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH
+    """One matrix of CLUSTER_FROM rows or more: panels on clusters of 16 blocks where they fit, no aggregates; from
+    TSQR_SINGLE_FROM rows (past a cluster's registers) and TSQR_ASPECT rows a column, tsqr panels where a panel has
+    two tiles of rows; several matrices (up to TSQR_MAX_BATCH) from TSQR_FROM rows, multi-block panels before."""
+    from qrgen.schedule.heuristic import (CLUSTER_FROM, TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH, TSQR_PANEL,
+                                          TSQR_SINGLE_FROM)
     from qrgen.tune.space import MAX_CLUSTER
 
     schedule = default_schedule(Problem(8192, 512, 1))
     assert Target().limits.cluster_max == MAX_CLUSTER == 16  # sm_90's most blocks per cluster
     assert all(p.cluster and p.blocks == 16 for p in schedule.panels) and schedule.aggregate == 0
-    schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 1))  # (a cluster's registers hold the later panels)
+    schedule = default_schedule(Problem(TSQR_SINGLE_FROM - 1, 32, 1))  # the tallest a cluster's panel holds
+    assert schedule.panels[0].cluster and schedule.panels[0].variant == "rows"
+    schedule = default_schedule(Problem(TSQR_SINGLE_FROM, 32, 1))
+    assert {p.variant for p in schedule.panels} == {"tsqr"}
+    schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 2))  # (a cluster's registers hold the later panels)
     assert not schedule.panels[0].cluster and schedule.panels[0].blocks > 1
     assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 8)).panels)  # 8 x 16 blocks: too many
     for batch in (1, TSQR_MAX_BATCH):
         schedule = default_schedule(Problem(100000, 32, batch))
-        assert [(p.variant, p.width, p.loop) for p in schedule.panels] == [("tsqr", 16, True)] * 2
+        assert [(p.variant, p.width, p.slice) for p in schedule.panels] == [("tsqr", 16, TSQR_PANEL["slice"])] * 2
     assert default_schedule(Problem(100000, 32, TSQR_MAX_BATCH + 1)).panels[0].variant != "tsqr"
     schedule = default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT, 1))
     assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.aggregate == 64

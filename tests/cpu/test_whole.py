@@ -32,7 +32,7 @@ def test_panel_rules_name_the_field():
         Panel(64, "whole", 48, slice=8)
     with pytest.raises(ValueError, match="blocks=1"):
         Panel(64, "whole", 64, blocks=2, slice=8)
-    with pytest.raises(ValueError, match="Panel.slice applies to variants 'cols' and 'whole'"):
+    with pytest.raises(ValueError, match="Panel.slice applies to variants 'cols', 'whole'"):
         Panel(32, "rows", 64, slice=8)
 
 
