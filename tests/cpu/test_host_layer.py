@@ -107,6 +107,14 @@ def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch,
     _gates(schedule, 2)
 
 
+def test_the_default_for_several_tall_matrices_passes_the_gates_on_the_cpu():
+    """Two matrices past FUSED_MAX_ROWS rows: lanes panels on clusters of 16 blocks, their own products by the
+    rowsplit kernels (docs/decisions.md#rowsplit-batches)."""
+    schedule = find(Problem(4200, 40, 2), TARGET)[0]
+    assert schedule.panel_update == "rowsplit"
+    _gates(schedule, 2)
+
+
 def test_the_tall_cols_default_passes_the_gates_on_the_cpu():
     """default_cols_tall at 640 x 576: cols panels on clusters of two, the 96-column ones holding one block's share
     of the reflectors (slot reuse), two matrices of every stress family mixed."""
