@@ -1,9 +1,10 @@
 """A tsqr panel's launches on the GPU: each launch of the first panel of a case's schedule alone, 20 back to back in
 one CUDA graph (GPU time a launch), then the panel's launches together, and an empty launch of the same kernel.
 
-    python3 tools/tsqr_phases.py 1x40000x256 [1x100000x32 ...]
+    python3 tools/tsqr_phases.py 1x40000x256 [1x100000x32 ...] [--file SCHEDULE.json ...]
 
-The case's schedule (its file, or the default heuristic) must start with a tsqr panel (qrgen.plan.tsqr). The phases
+The case's schedule (its file, or the default heuristic; with --file, each file given, for every case) must start
+with a tsqr panel (qrgen.plan.tsqr). The phases
 run again on what the last one left, which is fine for timing (no NaN can arise from it), not for results.
 """
 import sys
@@ -20,7 +21,7 @@ from qrgen.problem import Problem
 from qrgen.run.cuda_engine import CudaEngine
 from qrgen.run.factorizer import Factorizer
 from qrgen.run.workspace import Workspace
-from qrgen.schedule.files import find
+from qrgen.schedule.files import find, load
 from tools import cases
 
 COPIES = 20  # launches captured in one graph
@@ -44,9 +45,9 @@ def graph_us(stream, fn, copies: int = COPIES, reps: int = 5) -> float:
     return cupy.cuda.get_elapsed_time(a, b) * 1e3 / (copies * reps)
 
 
-def report(case, target) -> None:
+def report(case, target, path=None) -> None:
     batch, m, n = case.batch, case.m, case.n
-    schedule, origin = find(Problem(m, n, batch), target)
+    schedule, origin = (load(path)[0], path) if path else find(Problem(m, n, batch), target)
     fac = Factorizer(m, n, schedule, target)
     L = fac.launches[0]
     if not L.levels:
@@ -66,7 +67,7 @@ def report(case, target) -> None:
 
     def one(ph):
         def go():  # the arguments of tsqr.SIGNATURE; the first panel's V^T and (VT)^T start their buffers
-            engine.launch(func, (ph.tiles, engine.nb, 1), L.threads, 0, tsqr.SIGNATURE,
+            engine.launch(func, (ph.tiles, engine.nb, 1), L.threads, L.shared_bytes, tsqr.SIGNATURE,
                           (engine.h_ptr, engine.h_ptr, engine.tau_ptr, ws.ptrs["reflectors"], ws.ptrs["panel_wy"],
                            ws.ptrs["tsqr_tree"], engine.strides["tsqr_tree"], ph.kind, ph.rows, ph.at, ph.out, ph.tau,
                            ph.t, ph.y, ph.v1, L.c0, L.v_ld, L.v_bs), stream=stream.ptr)
@@ -87,10 +88,12 @@ def report(case, target) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+", type=cases.case, metavar="BATCHxMxN", help="such as 1x40000x256")
+    ap.add_argument("--file", action="append", default=[], help="a schedule file to time instead (repeatable)")
     args = ap.parse_args()
     target = cases.target()
     for case in args.cases:
-        report(case, target)
+        for path in args.file or [None]:
+            report(case, target, path)
 
 
 if __name__ == "__main__":
