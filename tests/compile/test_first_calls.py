@@ -88,7 +88,7 @@ def test_each_family_has_a_quick_level():
         wide, _ = find(Problem(m, n, batch), TARGET)
         assert {(k.variant, quick_level(k)) for k in plan(wide, TARGET).kernels} == {("lanes", "mid")}
     assert {quick_level(k) for k in plan(rows, TARGET).kernels} == {"mid"}  # lanes, rows loop, products
-    tall, _ = find(Problem(20000, 100, 1), TARGET)  # rows panels with their loop over columns unrolled
+    tall, _ = find(Problem(20000, 400, 1), TARGET)  # rows panels with their loop over columns unrolled
     assert {(k.variant, quick_level(k)) for k in plan(tall, TARGET).kernels} == {("rows", "max")}
 
 

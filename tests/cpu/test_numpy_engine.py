@@ -228,7 +228,8 @@ def test_skipping_stages_leaves_the_others():
 def test_split_panel_products():
     """panel_update "rowsplit": the panels' own products go to the rowsplit kernels in fp32 (whatever the precision
     of the aggregates' products), the aggregates' through cuBLAS. The default takes the fused kernel up to 4,096 rows
-    (one matrix: up to 4096 x 1024), with the aggregates' products in tf32 from 2,048 columns as with rowsplit."""
+    (one matrix: up to 4096 x 1024), with the aggregates' products in tf32 from 2,048 columns as with rowsplit, and
+    past 4,096 rows rowsplit for several matrices of up to 512 columns."""
     from qrgen.plan.rowsplit import split_rows
 
     schedule = _uniform(200, 150, 8, aggregate=64, precision=Precision("fp32", "tf32", "tf32"), panel_update="rowsplit")
@@ -243,8 +244,10 @@ def test_split_panel_products():
     for problem in (Problem(4096, 4096, 2), Problem(2048, 2048, 8)):
         chosen = default_schedule(problem)
         assert chosen.panel_update == "fused" and chosen.precision == Precision("fp32", "tf32", "tf32")
-    for problem in (Problem(4096, 4096, 1), Problem(4097, 1000, 1), Problem(8192, 512, 8), Problem(40000, 256, 1)):
+    for problem in (Problem(4096, 4096, 1), Problem(4097, 1000, 1), Problem(8192, 513, 8), Problem(40000, 256, 1)):
         assert default_schedule(problem).panel_update == "cublas"
+    for problem in (Problem(8192, 512, 8), Problem(40000, 128, 4)):  # several tall matrices
+        assert default_schedule(problem).panel_update == "rowsplit"
     for problem in (Problem(1024, 1024, 200), Problem(600, 600, 3), Problem(512, 1024, 100), Problem(1000, 1000, 1),
                     Problem(4096, 1024, 1), Problem(2048, 2048, 1), Problem(4096, 64, 64)):
         assert default_schedule(problem).panel_update == "fused"
