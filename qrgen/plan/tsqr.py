@@ -1,8 +1,8 @@
 """Panel family "tsqr", for tall panels of few matrices: a tree of QRs over tiles of `tile` rows (a multiple of
 `threads`, at least twice the width), each on one block as a rows panel factors (slice 0) or, with `slice` columns a
-warp, as a cols panel does (plan/cols.py: the tile's columns in registers, reflectors in dynamic shared memory), then
-Q's columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh; on Metal templates/metal/tsqr.metal.j2, whose
-threadgroup memory plan/msl.py sizes); one launch per phase of the tree."""
+warp, as a cols panel does (plan/cols.py: the tile's columns in registers, reflectors in dynamic shared memory),
+then Q's columns down the tree and Householder reflectors rebuilt from Q (templates/cuda/tsqr.cuh; on Metal
+templates/metal/tsqr.metal.j2, whose threadgroup memory plan/msl.py sizes); one launch per phase of the tree."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,10 +45,10 @@ def check(panel) -> None:
     most = most_slots(panel.width, panel.threads, panel.slice)
     if (not isinstance(panel.tile, int) or panel.tile < 2 * panel.width or panel.tile % panel.threads
             or panel.tile // panel.threads > most):
+        limits = f" (cols tiles: {COLS_TILE_LIMITS})" if panel.slice else ""
         raise ValueError(f"Panel.tile (rows per tile of variant 'tsqr') must be a multiple of threads "
                          f"({panel.threads}), at least twice the width ({2 * panel.width}) and at most "
-                         f"{max(most, 1)} x threads{' (cols tiles: ' + COLS_TILE_LIMITS + ')' if panel.slice else ''}; "
-                         f"got {panel.tile!r}")
+                         f"{max(most, 1)} x threads{limits}; got {panel.tile!r}")
     family.check_narrow(panel)
 
 

@@ -2,10 +2,10 @@
 host/) and run on the CPU (qrgen/compile/host.py, threads as fibers) inside the launch sequence
 (run/host_engine.py, cuBLAS's products in NumPy), pass the gates on a batch of every stress family with twice the
 margin: every panel family (lanes on one warp, on a block and on clusters, cols with and without clusters, rows on
-one block, on clusters and cooperative, whole, tsqr with rows and with cols tiles) and the default schedules of the many-small shapes, those
-that wait for each other in drawn turn orders too, and random points of the tuning space; and qrgen.qr's Q and R
-on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit and fused product
-kernels run in the sequence too."""
+one block, on clusters and cooperative, whole, tsqr with rows and with cols tiles) and the default schedules of the
+many-small shapes, those that wait for each other in drawn turn orders too, and random points of the tuning space;
+and qrgen.qr's Q and R on each of its paths (the fused Q kernel, a keep plan, h and tau). The T, scale, rowsplit
+and fused product kernels run in the sequence too."""
 import random
 from dataclasses import replace
 
