@@ -416,6 +416,12 @@ struct ColsPanel {
   // in), then, once every warp of it has applied them, its own in the same slots.
   static constexpr int HELD = REUSE ? WARPS * S : NB;
   static_assert(!REUSE || (BLOCKS == 2 && !PREP), "slots are reused between two blocks, without (VT)^T to prepare");
+  // The block's shared memory, in floats from its start (plan/cols.shared_bytes_of): the held reflectors, every tau,
+  // G and T where PREP, then one 8-byte mbarrier per reflector.
+  static constexpr int AT_TAUS = HELD * RS;
+  static constexpr int AT_GRAM = AT_TAUS + NB;
+  static constexpr int AT_TMAT = AT_GRAM + (PREP ? NB * (NB + 1) : 0);
+  static constexpr int AT_BARS = AT_TMAT + (PREP ? NB * (NB + 1) : 0) + ((NB + (PREP ? 2 * NB * (NB + 1) : 0)) & 1);
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.
@@ -715,11 +721,10 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM, REUSE>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
-  float* taus = vs + P::HELD * P::RS;
-  float* gram = taus + NB;
-  float* tmat = gram + (P::PREP ? NB * (NB + 1) : 0);
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(
-      tmat + (P::PREP ? NB * (NB + 1) : 0) + ((NB + (P::PREP ? 2 * NB * (NB + 1) : 0)) & 1));
+  float* taus = smem + P::AT_TAUS;
+  float* gram = smem + P::AT_GRAM;
+  float* tmat = smem + P::AT_TMAT;
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + P::AT_BARS);
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
   // a reflector of this block: its 32 lanes arrive; of an earlier block: its push (one arrival and the bytes)

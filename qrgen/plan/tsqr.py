@@ -42,9 +42,8 @@ def check(panel) -> None:
                              f"slice {panel.slice} (a warp a slice), got {panel.threads}")
         if panel.loop:
             raise ValueError("Panel.loop applies to variant 'tsqr' with rows tiles (slice 0) only")
-    most = most_slots(panel.width, panel.threads, panel.slice)
-    if (not isinstance(panel.tile, int) or panel.tile < 2 * panel.width or panel.tile % panel.threads
-            or panel.tile // panel.threads > most):
+    if not isinstance(panel.tile, int) or not tile_fits(panel.width, panel.threads, panel.tile, panel.slice):
+        most = most_slots(panel.width, panel.threads, panel.slice)
         limits = f" (cols tiles: {COLS_TILE_LIMITS})" if panel.slice else ""
         raise ValueError(f"Panel.tile (rows per tile of variant 'tsqr') must be a multiple of threads "
                          f"({panel.threads}), at least twice the width ({2 * panel.width}) and at most "
@@ -58,14 +57,19 @@ def most_slots(width: int, threads: int, slice_: int) -> int:
     return MAX_SLOTS if not slice_ else min(MAX_COLS_HELD // width, MAX_COLS_TILE // threads)
 
 
+def tile_fits(width: int, threads: int, tile: int, slice_: int) -> bool:
+    """Whether tiles of `tile` rows fit a panel: a multiple of threads, at least twice the width, at most
+    most_slots rows a thread."""
+    return tile >= 2 * width and tile % threads == 0 and tile // threads <= most_slots(width, threads, slice_)
+
+
 def cols_slice(width: int, at_least: int, tile: int) -> int:
     """The narrowest slice of plan/cols.SLICES, at least `at_least`, on which a tsqr panel of `width` columns and
     tiles of `tile` rows factors its tiles as cols panels (a warp a slice: threads a block count of check_threads,
-    the tile within check's limits); 0 where none does."""
+    the tile fitting); 0 where none does."""
     for slice_ in cols.SLICES:
         threads = cols.cols_threads(width, slice_)
-        if (slice_ >= at_least and threads in family.THREADS and tile >= 2 * width and tile % threads == 0
-                and tile // threads <= most_slots(width, threads, slice_)):
+        if slice_ >= at_least and threads in family.THREADS and tile_fits(width, threads, tile, slice_):
             return slice_
     return 0
 

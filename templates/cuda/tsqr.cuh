@@ -103,18 +103,17 @@ struct TsqrPanel {
   }
 
   // factor's outputs from a ColsPanel: warp w holds columns [w SLICE, w SLICE + SLICE) of the tile's rows, lane l
-  // rows l, l + 32, ...; G and T from the reflectors in shared memory (its layout: panel_cols's, with G and T).
+  // rows l, l + 32, ...; G and T from the reflectors in shared memory (ColsPanel's layout, AT_*, with G and T).
   __device__ __forceinline__ void factor_cols(const float* in, float* io, const int ld, const int rows,
                                               float* __restrict__ tau_out, float* __restrict__ t_out,
                                               float* __restrict__ r_out, float* __restrict__ v1_out, float* dyn) {
     using C = ColsPanel<TILE, NB, NB, TILE / 32, NB, SLICE, (SLICE < LV ? SLICE : LV), 0, true, true, 1, STREAM,
                         false>;
     const int tile = blockIdx.x, first = tile * TILE, lane = t & 31, warp = t >> 5;
-    float* taus = dyn + NB * C::RS;
-    float* gram = taus + NB;
-    float* tmat = gram + NB * (NB + 1);
-    unsigned long long* bars =
-        reinterpret_cast<unsigned long long*>(tmat + NB * (NB + 1) + ((NB + 2 * NB * (NB + 1)) & 1));
+    float* taus = dyn + C::AT_TAUS;
+    float* gram = dyn + C::AT_GRAM;
+    float* tmat = dyn + C::AT_TMAT;
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(dyn + C::AT_BARS);
     if (t < NB) mbar_init(bars + t, 32);
     block_barrier();
     C c{dyn, taus, gram, tmat, bars, 0, min(TILE, rows - first), 0, lane, warp, 0, 0, {}, 0};
