@@ -20,6 +20,7 @@ AGGREGATE_FROM = 1024  # min(m, n) from which the heuristic aggregates
 CLUSTER_FROM = 512  # rows from which panels run on clusters (docs/decisions.md#cluster-from) ...
 ONE_PANEL_CLUSTER_FROM = 2048  # ... a one-panel matrix (n <= 32) only alone and from this many rows
 TF32_FROM = 2048  # min(m, n) from which aggregates' products are tf32 (docs/decisions.md#tf32-from)
+TF32_PROJECT_FROM = 1024  # min(m, n) from which the projection alone of tf32x3 aggregates is tf32 (#tf32-project-from)
 MANY_FROM = 64  # many matrices of MANY_ROWS rows: the tuned 640 x 512² file's recipe (docs/decisions.md#many-matrices)
 MANY_ROWS = (384, 512)  # min(m, n) from the first, m up to the second
 MANY_WIDTH = 16
@@ -157,12 +158,19 @@ def default_tsqr(problem: Problem) -> bool:
 
 def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:
     """fp32 everywhere, except the aggregates' products: tf32 from TF32_FROM columns where the panels' own products
-    stay fp32 (rowsplit or fused), else tf32x3 (docs/decisions.md#tf32-from)."""
+    stay fp32 (rowsplit or fused), else tf32x3_precision (docs/decisions.md#tf32-from)."""
     if aggregate and panel_update in ("rowsplit", "fused") and problem.k >= TF32_FROM:
         return Precision(project="tf32", update="tf32")
     if aggregate:
-        return Precision(project="tf32x3", update="tf32x3")
+        return tf32x3_precision(problem.k, own_products=panel_update == "cublas")
     return Precision()
+
+
+def tf32x3_precision(k: int, own_products: bool = False) -> Precision:
+    """The aggregates' products in tf32x3, except the projection in tf32 from TF32_PROJECT_FROM columns where no
+    panel's own products take the schedule's precisions through cuBLAS (`own_products`: aggregates wider than their
+    panels with cuBLAS's panel products) (docs/decisions.md#tf32-project-from)."""
+    return Precision(project="tf32" if k >= TF32_PROJECT_FROM and not own_products else "tf32x3", update="tf32x3")
 
 
 def default_loop(problem: Problem) -> bool:
@@ -272,7 +280,7 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
         for width in COLS_AGGREGATE_WIDTHS:
             try:
                 panels = tuple(cols_panel(min(width, n - col), slice_, blocks) for col in range(0, n, width))
-                schedule = without_idle(Schedule(m, n, panels, Precision(project="tf32x3", update="tf32x3"),
+                schedule = without_idle(Schedule(m, n, panels, tf32x3_precision(problem.k),
                                                  fit_aggregate(width, target)))
                 check(schedule, target)
             except ValueError:
@@ -317,13 +325,13 @@ def fitted_cols_schedule(m: int, n: int, slice_: int, blocks: int, precision: Pr
 def default_cols_tall(problem: Problem, target: Target = SM90) -> Schedule | None:
     """Past COLS_AGGREGATE_MAX_ROWS up to COLS_TALL_MAX_ROWS rows, COLS_TALL_MIN_COLS <= n <= m, COLS_TALL_MIN_BATCH to
     COLS_MAX_BATCH matrices, on COLS_TALL_ARCHS: fitted_cols_schedule with 4 columns a warp on clusters of two, the
-    products in tf32x3 (docs/decisions.md#cols-tall). Or None."""
+    products as tf32x3_precision gives them (docs/decisions.md#cols-tall). Or None."""
     m, n = problem.m, problem.n
     if not (COLS_AGGREGATE_MAX_ROWS < m <= COLS_TALL_MAX_ROWS and COLS_TALL_MIN_COLS <= n <= m
             and COLS_TALL_MIN_BATCH <= problem.batch <= COLS_MAX_BATCH and target.arch in COLS_TALL_ARCHS):
         return None
     try:
-        return fitted_cols_schedule(m, n, COLS_CLUSTER_SLICE, 2, Precision(project="tf32x3", update="tf32x3"), target)
+        return fitted_cols_schedule(m, n, COLS_CLUSTER_SLICE, 2, tf32x3_precision(problem.k), target)
     except ValueError:
         return None
 

@@ -14,6 +14,8 @@ from ..schedule.heuristic import (
     COLS_AGGREGATE_WIDTHS,
     LANES_MAX_BATCH,
     MANY_WIDTH,
+    TF32_FROM,
+    TF32_PROJECT_FROM,
     TSQR_PANEL,
     default_choices,
     default_cols,
@@ -296,10 +298,11 @@ def precision_params(params: dict) -> dict:
 
 
 def variations(problem: Problem) -> list[dict]:
-    """Points near the default worth measuring early. With aggregates of 2048 columns or more, their products (long
-    sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
+    """Points near the default worth measuring early. With aggregates of TF32_FROM columns or more, their products
+    (long sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
     reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
-    20, tuning margin 10). Where the default is one kernel a matrix (whole, cols, a wide lanes panel), the default
+    20, tuning margin 10); from TF32_PROJECT_FROM columns with tf32x3 updates, the projection in the other of tf32x3
+    and tf32 (docs/decisions.md#tf32-project-from). Where the default is one kernel a matrix (whole, cols, a wide lanes panel), the default
     without it. For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and precisions), then
     clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows per warp; for up to
     WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default has clusters, the default without
@@ -313,9 +316,11 @@ def variations(problem: Problem) -> list[dict]:
     if problem.k <= 128:
         found += [_whole_params(t, s) for t, s in WHOLE_VARIATIONS
                   if (t, s) != (params.get("whole_threads"), params.get("whole_slice"))]
-    if params["aggregate"] and problem.k >= 2048:
+    if params["aggregate"] and problem.k >= TF32_FROM:
         other = "fp32" if params["project"] == "tf32" else "tf32"
         found.append({**params, "project": other, "update": other})
+    elif params["aggregate"] and problem.k >= TF32_PROJECT_FROM and params["update"] == "tf32x3":
+        found.append({**params, "project": "tf32x3" if params["project"] == "tf32" else "tf32"})
     if problem.batch <= CLUSTER_TRIALS_MAX_BATCH:
         shared = ("aggregate", "panel_update", *STAGES) + (("lookahead",) if "lookahead" in params else ())
         rows = {**DEFAULT_PARAMS, **{key: params[key] for key in shared if key in params}}

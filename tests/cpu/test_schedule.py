@@ -192,19 +192,23 @@ def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n,
 
 
 @pytest.mark.parametrize("m,n,batch,expect", [
-    (1024, 1024, 4, ("tf32x3", 2)),    # aggregates: their products as three tf32 products, lookahead in pieces
-    (2048, 2048, 8, ("tf32", 32)),     # from TF32_FROM columns with fp32 panel products: tf32, one piece
-    (600, 600, 8, ("fp32", 0)),        # no aggregates below AGGREGATE_FROM: every product fp32 ...
-    (1024, 1024, 60, ("tf32x3", 0)),   # ... except cols panels each their own aggregate (default_cols_tall) ...
-    (600, 600, 40, ("tf32x3", 0)),
-    (512, 512, 40, ("tf32x3", 0)),     # ... except cols panels each their own aggregate (default_cols_aggregates)
-    (512, 512, 640, ("tf32x3", 0)),    # ... past 132 matrices too where they are 64 columns wide
-    (512, 1024, 100, ("tf32x3", 2)),   # ... and many wide matrices of 384 to 512 rows (default_many)
+    (1024, 1024, 4, ("tf32", "tf32x3", 2)),  # aggregates: updates as three tf32 products (lookahead in pieces), ...
+    (1536, 1536, 8, ("tf32", "tf32x3", 2)),  # ... projections in tf32 from TF32_PROJECT_FROM columns
+    (1024, 1024, 200, ("tf32", "tf32x3", 2)),
+    (8192, 1024, 2, ("tf32x3", "tf32x3", 2)),  # ... not where cuBLAS takes the panels' own products with them
+    (2048, 2048, 8, ("tf32", "tf32", 32)),     # from TF32_FROM columns with fp32 panel products: tf32, one piece
+    (600, 600, 8, ("fp32", "fp32", 0)),        # no aggregates below AGGREGATE_FROM: every product fp32 ...
+    (1024, 1024, 60, ("tf32", "tf32x3", 0)),   # ... except cols panels each their own aggregate (default_cols_tall)
+    (768, 768, 60, ("tf32x3", "tf32x3", 0)),
+    (600, 600, 40, ("tf32x3", "tf32x3", 0)),
+    (512, 512, 40, ("tf32x3", "tf32x3", 0)),   # ... except cols panels each their own aggregate (cols_aggregates)
+    (512, 512, 640, ("tf32x3", "tf32x3", 0)),  # ... past 132 matrices too where they are 64 columns wide
+    (512, 1024, 100, ("tf32x3", "tf32x3", 2)),  # ... and many wide matrices of 384 to 512 rows (default_many)
 ])
 def test_default_precision_of_the_aggregates(m, n, batch, expect):
     s = default_schedule(Problem(m, n, batch))
-    assert (s.precision.update, s.lookahead) == expect
-    assert s.precision.project == expect[0] and s.precision.gram == "fp32"
+    assert (s.precision.project, s.precision.update, s.lookahead) == expect
+    assert s.precision.gram == "fp32"
 
 
 def test_one_warp_tail_moves_only_panels_of_at_most_32_rows():
@@ -295,8 +299,8 @@ def test_default_for_many_matrices_of_384_to_512_rows():
 def test_default_for_tall_cols_panels():
     """default_cols_tall: 513 to 1,024 rows, n >= 512, 16 to 132 matrices, on sm_90: cols panels on
     clusters of two with 4 columns a warp, each the widest of 128, 96 and 64 columns that fits its rows with 8
-    registers to spare at 512 threads, each its own aggregate, tf32x3 products; the tuner's default point gives it.
-    Outside the bounds the former default."""
+    registers to spare at 512 threads, each its own aggregate, tf32x3_precision's products; the tuner's default point
+    gives it. Outside the bounds the former default."""
     from qrgen.plan import cols, family
     from qrgen.schedule.heuristic import COLS_TALL_HEADROOM, default_cols_tall
     from qrgen.tune.space import default_params, schedule_from_params
@@ -305,7 +309,8 @@ def test_default_for_tall_cols_panels():
     assert [p.width for p in s.panels] == [96, 96, 96, 128, 128, 128, 128, 128, 96]
     assert s.aggregate == tuple(p.width for p in s.panels) and s.lookahead == 0
     assert all(p.variant == "cols" and p.cluster and p.blocks == 2 and p.slice == 4 for p in s.panels)
-    assert s.precision == Precision(project="tf32x3", update="tf32x3")
+    assert s.precision == Precision(project="tf32", update="tf32x3")  # tf32 projections from 1,024 columns
+    assert default_schedule(Problem(768, 768, 60)).precision == Precision(project="tf32x3", update="tf32x3")
     for problem in (Problem(1024, 1024, 16), Problem(1000, 1000, 132), Problem(768, 768, 60), Problem(1024, 512, 60),
                     Problem(600, 600, 40)):
         tall = default_schedule(problem)
