@@ -378,14 +378,13 @@ def run_qr_case(batch: int, m: int, n: int, reps: int = 10, seed: int = 0) -> st
 QR_CASES = REFERENCE_CASES + ((20000, 32, 32),)
 
 
-def case_sets(qr: bool = False, tall: bool = False, small: bool = False, untuned: bool = False) -> tuple:
-    """`qrgen bench`'s default cases: qr's with qr=True, else the sets asked for in this order (tall, small,
-    untuned; a case in two of them once), else the reference batches."""
-    if qr:
-        return QR_CASES
-    chosen = [c for flag, cases in ((tall, SINGLE_TALL_CASES), (small, SMALL_CASES), (untuned, UNTUNED_CASES))
-              if flag for c in cases]
-    return tuple(dict.fromkeys(chosen)) or REFERENCE_CASES
+def case_sets(qr: bool = False, tall: bool = False, small: bool = False, untuned: bool = False,
+              cases: tuple = ()) -> tuple:
+    """`qrgen bench`'s cases: the ones given, then the sets asked for in this order (tall, small, untuned; a case in
+    two of them once); with neither, qr's defaults with qr=True, else the reference batches."""
+    chosen = [*cases] + [c for flag, group in ((tall, SINGLE_TALL_CASES), (small, SMALL_CASES),
+                                               (untuned, UNTUNED_CASES)) if flag for c in group]
+    return tuple(dict.fromkeys(chosen)) or (QR_CASES if qr else REFERENCE_CASES)
 
 
 MARKDOWN_FAMILIES = ("mixed", "rankdef", "normspread")  # the hostile batches of the reference table

@@ -134,11 +134,12 @@ def parser() -> argparse.ArgumentParser:
                                    "flushed, fresh inputs) in the same run, their ratio, and the accuracy gates "
                                    "on a batch of every stress family. Prints a Markdown table.")
     s.add_argument("cases", nargs="*", type=_case, metavar="BATCHxMxN",
-                   help="cases such as 60x1024x1024; default: the seven reference batches")
-    s.add_argument("--tall", action="store_true", help="the single and tall cases instead of the reference batches")
-    s.add_argument("--small", action="store_true", help="many small matrices (1000x64x64 and the like) instead")
+                   help="cases such as 60x1024x1024, then the sets asked for below; with neither, the seven "
+                        "reference batches")
+    s.add_argument("--tall", action="store_true", help="the single and tall cases (in place of the reference batches)")
+    s.add_argument("--small", action="store_true", help="many small matrices (1000x64x64 and the like)")
     s.add_argument("--untuned", action="store_true",
-                   help="shapes with no shipped schedule file of their own (the default heuristic) instead")
+                   help="shapes with no shipped schedule file of their own (the default heuristic)")
     s.add_argument("--qr", action="store_true",
                    help="time qrgen.qr(mode='reduced') against torch.linalg.qr and cupy.linalg.qr instead "
                         "(default cases: the reference batches and 20000x32x32)")
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from .bench import case_sets, profile_case, run_case, run_qr_case, table
 
-        cases = args.cases or case_sets(args.qr, args.tall, args.small, args.untuned)
+        cases = case_sets(args.qr, args.tall, args.small, args.untuned, tuple(args.cases))
         try:
             import cupy
 

@@ -71,9 +71,15 @@ def test_bench_refuses_without_gpu(capsys):
 
 
 def test_case_sets():
+    """The cases given, then the sets asked for, each case once; with neither, the reference batches (qr's own
+    defaults with --qr)."""
     assert case_sets() == REFERENCE_CASES
-    assert case_sets(qr=True, tall=True) == QR_CASES
+    assert case_sets(qr=True) == QR_CASES
+    assert case_sets(qr=True, tall=True) == SINGLE_TALL_CASES
     assert case_sets(tall=True) == SINGLE_TALL_CASES
+    given = ((1, 20000, 100), SINGLE_TALL_CASES[0])
+    assert case_sets(tall=True, cases=given) == given[:1] + SINGLE_TALL_CASES
+    assert case_sets(qr=True, cases=given) == case_sets(cases=given) == given
     both = case_sets(small=True, untuned=True)
     assert both[:len(SMALL_CASES)] == SMALL_CASES
     assert len(both) == len(set(SMALL_CASES + UNTUNED_CASES)) and (500, 128, 128) in both  # in both sets, once
