@@ -424,9 +424,12 @@ def test_single_tall_matrices_default_to_clusters():
         schedule = default_schedule(Problem(100000, 32, batch))
         assert [(p.variant, p.width, p.slice) for p in schedule.panels] == [("tsqr", 16, TSQR_PANEL["slice"])] * 2
     assert default_schedule(Problem(100000, 32, TSQR_MAX_BATCH + 1)).panels[0].variant != "tsqr"
-    schedule = default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT, 1))
+    schedule = default_schedule(Problem(32768, 32768 // TSQR_ASPECT, 1))
     assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.aggregate == 64
-    assert default_schedule(Problem(TSQR_FROM, TSQR_FROM // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
+    assert default_schedule(Problem(32768, 32768 // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
+    # several matrices past the rows their 16-block clusters hold (8,192), where the rows panels leave them
+    assert default_schedule(Problem(TSQR_FROM - 1, 64, 2)).panels[0].cluster
+    assert {p.variant for p in default_schedule(Problem(TSQR_FROM, 64, 2)).panels} == {"tsqr"}
     assert all(p.blocks == 16 for p in default_schedule(Problem(CLUSTER_FROM, CLUSTER_FROM, 1)).panels)
     assert not any(p.cluster for p in default_schedule(Problem(CLUSTER_FROM - 1, 2 * CLUSTER_FROM, 1)).panels)
     assert all(p.blocks == 16 for p in default_schedule(Problem(2048, 32, 1)).panels)  # one panel: from 2048 rows
