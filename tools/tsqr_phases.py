@@ -4,8 +4,8 @@ one CUDA graph (GPU time a launch), then the panel's launches together, and an e
     python3 tools/tsqr_phases.py 1x40000x256 [1x100000x32 ...] [--file SCHEDULE.json ...]
 
 The case's schedule (its file, or the default heuristic; with --file, each file given, for every case) must start
-with a tsqr panel (qrgen.plan.tsqr). The phases
-run again on what the last one left, which is fine for timing (no NaN can arise from it), not for results.
+with a tsqr panel (qrgen.plan.tsqr). The phases run again on what the last one left, which is fine for timing (no
+NaN can arise from it), not for results.
 """
 import sys
 from pathlib import Path

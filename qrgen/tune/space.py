@@ -302,12 +302,12 @@ def variations(problem: Problem) -> list[dict]:
     (long sums) in the other precision of fp32 and tf32, the panels' own products fp32 (split or fused): the NumPy
     reference with tf32 rounding gave worst factors 9.1 at 1024² and 4.9 at 2048², the H200 4.66 at 8 x 2048² (gate
     20, tuning margin 10); from TF32_PROJECT_FROM columns with tf32x3 updates, the projection in the other of tf32x3
-    and tf32 (docs/decisions.md#tf32-project-from). Where the default is one kernel a matrix (whole, cols, a wide lanes panel), the default
-    without it. For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the default's aggregates and precisions), then
-    clusters of 8 with fewer rows per thread, then lanes panels on clusters of 8 (16 and 32 rows per warp; for up to
-    WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where the default has clusters, the default without
-    them; where it has warp or rows panels, the other column loop; with aggregates, the other lookaheads (and with
-    its lookahead, the other reach)."""
+    and tf32 (docs/decisions.md#tf32-project-from). Where the default is one kernel a matrix (whole, cols, a wide
+    lanes panel), the default without it. For up to 16 matrices, rows panels on clusters of 8 and of 4 blocks (the
+    default's aggregates and precisions), then clusters of 8 with fewer rows per thread, then lanes panels on
+    clusters of 8 (16 and 32 rows per warp; for up to WIDE_CLUSTER_MAX_BATCH matrices also on clusters of 16); where
+    the default has clusters, the default without them; where it has warp or rows panels, the other column loop;
+    with aggregates, the other lookaheads (and with its lookahead, the other reach)."""
     params = default_params(problem)
     found = []
     one_kernel = params["family"] in ("whole", "cols") or params.get("lanes_head", 0) > 32
