@@ -110,15 +110,17 @@ def test_tall_defaults_on_clusters_of_16_blocks_pass_the_gates_on_the_cpu(batch,
 def test_the_default_for_several_tall_matrices_passes_the_gates_on_the_cpu():
     """Two matrices past FUSED_MAX_ROWS rows: lanes panels on clusters of 16 blocks, their own products by the
     rowsplit kernels (docs/decisions.md#rowsplit-batches); past TSQR_FROM rows tsqr panels with the same products
-    (a last panel of 8 columns on 128 threads, docs/decisions.md#tsqr-default)."""
+    (a last panel of 8 columns on 128 threads, docs/decisions.md#tsqr-default), for 2 matrices and for 5 (more than
+    the former limit of 4)."""
     from qrgen.schedule.heuristic import TSQR_FROM
 
     schedule = find(Problem(4200, 40, 2), TARGET)[0]
     assert schedule.panel_update == "rowsplit"
     _gates(schedule, 2)
-    schedule = find(Problem(TSQR_FROM + 7, 40, 2), TARGET)[0]
-    assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.panel_update == "rowsplit"
-    _gates(schedule, 2)
+    for batch in (2, 5):
+        schedule = find(Problem(TSQR_FROM + 7, 40, batch), TARGET)[0]
+        assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.panel_update == "rowsplit"
+        _gates(schedule, batch)
 
 
 def test_the_tall_cols_default_passes_the_gates_on_the_cpu():
