@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from ..plan import tf32x3
 from ..plan.tsqr import tsqr_layout
 
-GRAM_PARTS_MAX = 8  # parts of an aggregate's G at most (gram_parts)
-GRAM_PART_ROWS = 256  # rows of V a part at least
+GRAM_PART_ROWS = 256  # rows of V a part at least (gram_parts)
 # a rotating buffer's size is its first one's
 SIZE_OF = {"reflectors_2": "reflectors", "reflectors_3": "reflectors", "aggregate_wy_2": "aggregate_wy",
            "aggregate_wy_3": "aggregate_wy", "w_side": "w", "tmat": "gram"}
@@ -75,10 +74,11 @@ def buffer_names(fac) -> tuple[str, ...]:
 def gram_parts(fac, chunk: int, sms: int) -> int:
     """Parts to split the K (rows of V) of an aggregate's G = V^T V into, for `chunk` matrices: where the tf32x3
     gram kernel can take G (an fp32 Gram precision) and the matrices' upper 64 x 64 tiles fill fewer than two blocks
-    per SM, enough parts for about that many, at most GRAM_PARTS_MAX; else 1 (docs/decisions.md#gram-splits). The
-    parts are written apart and the T kernel adds them as it stages G."""
+    per SM, enough parts for about that many, each of at least GRAM_PART_ROWS rows of the deepest aggregate; else 1
+    (docs/decisions.md#gram-splits). The parts are written apart and the T kernel adds them as it stages G."""
     if "gram" not in tf32x3.kinds(fac.schedule):
         return 1
     a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
+    depth = max([agg.rows for agg in fac.aggregates] + [1])
     tiles = tf32x3.grid("gram", a, a, 1)[0]  # the blocks of one matrix's G
-    return max(1, min(GRAM_PARTS_MAX, 2 * sms // (chunk * tiles)))
+    return max(1, min(depth // GRAM_PART_ROWS, 2 * sms // (chunk * tiles)))

@@ -35,8 +35,7 @@ CLUSTER_ROWS_PER_BLOCK = (256, 512)  # several matrices: rows a cluster block (d
 CLUSTER_BLOCKS_MAX = 64  # the batch's clusters take at most this many blocks
 TSQR_FROM = 8193  # tsqr panels from this many rows, past 16-block clusters (docs/decisions.md#tsqr-default) ...
 TSQR_SINGLE_FROM = 16385  # ... for one matrix from this many: past the rows a cluster's rows panel holds
-TSQR_ASPECT = 64  # ... and rows a column
-TSQR_MAX_BATCH = 64  # ... for at most this many matrices
+TSQR_ASPECT = 64  # ... and rows a column, for any number of matrices
 TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": False, "slice": 2}  # cols tiles (plan/tsqr.py)
 TSQR_AGGREGATE = 64
 LOOKAHEAD_PIECES = 2  # Schedule.lookahead where the side products are fp32-class (docs/decisions.md#lookahead)
@@ -153,7 +152,7 @@ def default_cluster(problem: Problem, target: Target = SM90) -> int:
 def default_tsqr(problem: Problem) -> bool:
     """Whether the heuristic gives `problem` tsqr panels."""
     least = TSQR_SINGLE_FROM if problem.batch == 1 else TSQR_FROM
-    return problem.batch <= TSQR_MAX_BATCH and problem.m >= max(least, TSQR_ASPECT * problem.n)
+    return problem.m >= max(least, TSQR_ASPECT * problem.n)
 
 
 def default_precision(problem: Problem, aggregate: int = 0, panel_update: str = "cublas") -> Precision:

@@ -607,8 +607,9 @@ def test_scale_exponents():
 def test_gram_splits_only_for_few_matrices_with_an_fp32_gram():
     """run.buffers.gram_parts: an aggregate's G is split over the rows of V where the gram kernel takes it (an fp32 Gram
     precision, aggregates of 64 columns or more) and the chunk's upper 64 x 64 tiles fill fewer than two blocks per
-    SM of 132; the committed reference files: 8 x 2048² in 8 parts, the others in one."""
-    from qrgen.run.buffers import GRAM_PARTS_MAX, gram_parts
+    SM of 132, each part at least GRAM_PART_ROWS rows of V; the committed reference files: 8 x 2048² in 8 parts (its
+    rows), the others in one; one tall matrix's aggregates of 64 in 264 (two blocks an SM)."""
+    from qrgen.run.buffers import GRAM_PART_ROWS, gram_parts
     from qrgen.run.factorizer import Factorizer
     from qrgen.schedule.files import find
 
@@ -616,7 +617,8 @@ def test_gram_splits_only_for_few_matrices_with_an_fp32_gram():
         schedule, _ = find(Problem(m, n, batch), Target("cuda", "sm_90"))
         return gram_parts(Factorizer(m, n, schedule, Target("cuda", "sm_90")), chunk or batch, 132)
 
-    assert splits(2048, 2048, 8) == GRAM_PARTS_MAX == 8
+    assert splits(2048, 2048, 8) == 2048 // GRAM_PART_ROWS == 8  # (two blocks an SM would take 11)
+    assert splits(300000, 512, 1) == 2 * 132
     assert splits(2048, 2048, 8, chunk=40) == 2 and splits(2048, 2048, 8, chunk=100) == 1
     assert splits(1024, 1024, 60) == 1 and splits(512, 512, 640) == 1
     assert splits(4096, 4096, 2) == 1  # an fp16 Gram matrix stays with cuBLAS

@@ -405,9 +405,8 @@ def test_cost_model_ranks_tsqr_as_measured(m, n):
 def test_single_tall_matrices_default_to_clusters():
     """One matrix of CLUSTER_FROM rows or more: panels on clusters of 16 blocks where they fit, no aggregates; from
     TSQR_SINGLE_FROM rows (past a cluster's registers) and TSQR_ASPECT rows a column, tsqr panels where a panel has
-    two tiles of rows; several matrices (up to TSQR_MAX_BATCH) from TSQR_FROM rows, multi-block panels before."""
-    from qrgen.schedule.heuristic import (CLUSTER_FROM, TSQR_ASPECT, TSQR_FROM, TSQR_MAX_BATCH, TSQR_PANEL,
-                                          TSQR_SINGLE_FROM)
+    two tiles of rows; several matrices (any number) from TSQR_FROM rows, multi-block panels before."""
+    from qrgen.schedule.heuristic import CLUSTER_FROM, TSQR_ASPECT, TSQR_FROM, TSQR_PANEL, TSQR_SINGLE_FROM
     from qrgen.tune.space import MAX_CLUSTER
 
     schedule = default_schedule(Problem(8192, 512, 1))
@@ -420,10 +419,9 @@ def test_single_tall_matrices_default_to_clusters():
     schedule = default_schedule(Problem(TSQR_FROM - 1, 32, 2))  # (a cluster's registers hold the later panels)
     assert not schedule.panels[0].cluster and schedule.panels[0].blocks > 1
     assert not any(p.cluster for p in default_schedule(Problem(8192, 512, 8)).panels)  # 8 x 16 blocks: too many
-    for batch in (1, TSQR_MAX_BATCH):
+    for batch in (1, 64, 256, 5000):
         schedule = default_schedule(Problem(100000, 32, batch))
         assert [(p.variant, p.width, p.slice) for p in schedule.panels] == [("tsqr", 16, TSQR_PANEL["slice"])] * 2
-    assert default_schedule(Problem(100000, 32, TSQR_MAX_BATCH + 1)).panels[0].variant != "tsqr"
     schedule = default_schedule(Problem(32768, 32768 // TSQR_ASPECT, 1))
     assert {p.variant for p in schedule.panels} == {"tsqr"} and schedule.aggregate == 64
     assert default_schedule(Problem(32768, 32768 // TSQR_ASPECT + 1, 1)).panels[0].variant != "tsqr"
