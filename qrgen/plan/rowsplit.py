@@ -5,12 +5,14 @@ per block (update), 32 columns per block."""
 from __future__ import annotations
 
 from ..render.environment import environment
+from ..targets.cuda import GRID_YZ
 from ..version import __version__
 from .specs import KernelSpec, Rendered
 
 THREADS = 256
 TILE = 64
 KINDS = ("project", "update")
+ROW_BLOCKS_MAX = GRID_YZ  # the update's blocks along the rows at most (update_grid)
 # W (width x cols) = Z^T C: z, zld, zs, c, ldc, cs, part, part stride, w, ldw, ws, counters, depth, cols, rows/block
 PROJECT_SIGNATURE = "PILPILPLPILPIII"
 # C (rows x cols) -= V W: vt, vld, vs, w, ldw, ws, c, ldc, cs, rows, cols
@@ -42,6 +44,13 @@ def split_rows(rows: int, nc: int, batch: int, sms: int) -> tuple[int, int]:
     chunk = -(-rows // splits)
     chunk = -(-chunk // TILE) * TILE
     return -(-rows // chunk), chunk
+
+
+def update_grid(rows: int, nc: int, batch: int) -> tuple[int, int, int]:
+    """The update's grid: 32-column tiles (times the groups of row tiles past the first), TILE-row tiles up to
+    CUDA's grid.y limit, matrices."""
+    row_tiles = -(-rows // TILE)
+    return -(-nc // 32) * -(-row_tiles // ROW_BLOCKS_MAX), min(row_tiles, ROW_BLOCKS_MAX), batch
 
 
 def render(spec: KernelSpec, schedule, target) -> Rendered:

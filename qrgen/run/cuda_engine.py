@@ -248,7 +248,7 @@ class CudaEngine:
                           ptr[c[0]] + 4 * c[1], ldc, sc, self.ws.counters.data.ptr, depth, cols, chunk))
         else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
             _, func = self.funcs[rowsplit.name("update", depth)]
-            self.launch(func, (tiles, -(-rows // rowsplit.TILE), self.nb), rowsplit.THREADS, 0,
+            self.launch(func, rowsplit.update_grid(rows, cols, self.nb), rowsplit.THREADS, 0,
                         rowsplit.UPDATE_SIGNATURE, (ptr[a[0]] + 4 * a[1], lda, sa, ptr[b[0]] + 4 * b[1], ldb, sb,
                                                 ptr[c[0]] + 4 * c[1], ldc, sc, rows, cols))
 

@@ -92,7 +92,7 @@ class HostKernelEngine(NumpyEngine):
         else:  # C (rows x cols) -= V (V^T: depth = width x rows) W (width x cols)
             args = PackedArgs(rowsplit.UPDATE_SIGNATURE, (self._address(*a), lda, sa, self._address(*b), ldb, sb,
                                                           self._address(*c), ldc, sc, rows, cols))
-            self.kernels[rowsplit.name("update", depth)](args, (tiles, -(-rows // rowsplit.TILE), self.nb),
+            self.kernels[rowsplit.name("update", depth)](args, rowsplit.update_grid(rows, cols, self.nb),
                                                         rowsplit.THREADS, 0, *self.turns)
 
     def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc) -> bool:

@@ -123,6 +123,21 @@ def test_the_default_for_several_tall_matrices_passes_the_gates_on_the_cpu():
         _gates(schedule, batch)
 
 
+def test_rowsplit_updates_take_every_row_tile_past_the_grid_limit(monkeypatch):
+    """The rowsplit update's grid stops at CUDA's grid.y limit (a matrix of 4,194,241 rows or more has more 64-row
+    tiles), the further row tiles coming in grid.x: with the limit at 2 blocks, h and tau are the unlimited
+    launch's bit for bit."""
+    from qrgen.plan import rowsplit
+
+    assert rowsplit.update_grid(4_200_000, 100, 2) == (8, 65535, 2) and rowsplit.update_grid(300, 40, 3) == (2, 5, 3)
+    schedule = OTHER_SCHEDULES["rows_rowsplit_300x200"]
+    a, _ = mixed(schedule.m, schedule.n, 2, seed=5)
+    h, tau = host_engine.geqrf(a, schedule, TARGET)
+    monkeypatch.setattr(rowsplit, "ROW_BLOCKS_MAX", 2)
+    h2, tau2 = host_engine.geqrf(a, schedule, TARGET)
+    assert np.array_equal(h, h2) and np.array_equal(tau, tau2)
+
+
 def test_the_tall_cols_default_passes_the_gates_on_the_cpu():
     """default_cols_tall at 640 x 576: cols panels on clusters of two, the 96-column ones holding one block's share
     of the reflectors (slot reuse), two matrices of every stress family mixed."""
