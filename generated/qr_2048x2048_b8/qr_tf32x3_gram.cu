@@ -215,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3) qr_tf32x3_gram(
   const int n0 = m0 + idx * BN;
 
   // blockIdx.z: matrix z / splits, and its part z % splits of K (whole steps of BK each, the last part shorter or
-  // empty), written splits apart (ss floats): the caller adds the parts, as the T kernel does G's.
+  // empty), written splits apart (ss floats): the caller adds the parts.
   const int part = blockIdx.z % splits;
   a += (blockIdx.z / splits) * sa;
   b += (blockIdx.z / splits) * sb;

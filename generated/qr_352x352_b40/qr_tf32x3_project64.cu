@@ -206,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) qr_tf32x3_project64(
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
 
   // blockIdx.z: matrix z / splits, and its part z % splits of K (whole steps of BK each, the last part shorter or
-  // empty), written splits apart (ss floats): the caller adds the parts, as the T kernel does G's.
+  // empty), written splits apart (ss floats): the caller adds the parts.
   const int part = blockIdx.z % splits;
   a += (blockIdx.z / splits) * sa;
   b += (blockIdx.z / splits) * sb;

@@ -288,9 +288,8 @@ __device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_a
 
 // T with H_0 ... H_{A-1} = I - V T V^T for an aggregate of A <= 2 TMAT_BLOCKED_MAX reflectors, from G = V^T V
 // (upper part) and tau (LAPACK slarft, forward, columnwise): T[i][j] = -tau_j sum_{i<=k<j} T[i][k] G[k][j],
-// T[i][i] = tau_i. G, T: A x A row-major per matrix, gbs floats apart (G may come in `splits` parts, ss floats
-// apart, added as they are staged: stage_g); one block of TMAT_THREADS threads per matrix, everything in shared
-// memory (tmat_shared_bytes(A) of it). The instantiating source defines TMAT_BLOCKED_MAX, TMAT_GL (floats between
+// T[i][i] = tau_i. G, T: A x A row-major per matrix, gbs floats apart; one block of TMAT_THREADS threads per
+// matrix, everything in shared memory (tmat_shared_bytes(A) of it). The instantiating source defines TMAT_BLOCKED_MAX, TMAT_GL (floats between
 // G's rows in shared memory, whatever A), TMAT_TLD (T's) and TMAT_XLD (X's), and includes dialect.cuh,
 // common.cuh (t_row) and async_copy.cuh before this.
 //
@@ -310,18 +309,6 @@ __device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_a
 // A = 256) would not fit.
 #define TMAT_RT 2         // rows of a thread's tile in the halves' block products (tmat_product)
 #define TMAT_RT_CORNER 4  // and in the corner's (128 rows; faster there, slower in the halves)
-
-// G's entry at g into shared memory: by an asynchronous copy, or where G comes in `splits` parts (run/buffers.gram_splits:
-// its K split over more blocks) ss floats apart, their sum in part order.
-__device__ __forceinline__ void stage_g(float* dst, const float* g, int splits, long long ss) {
-  if (splits == 1) {
-    cp_async4(dst, g);
-  } else {
-    float sum = 0.0f;
-    for (int q = 0; q < splits; ++q) sum += load_coherent(g + q * ss);
-    *dst = sum;
-  }
-}
 
 // out[r][c] = sign * sum_k A[r][k] B[k][c] for r < rows, c < 32, stored where c < valid (rows a multiple of RT, out
 // rows ldo apart, shared or global); k from 0, or where TRI from r's own 32-row block (A zero left of its diagonal
@@ -375,8 +362,7 @@ __device__ __forceinline__ void tmat_product(const float* A, const float* B, int
 // tau (ts); gs and x are scratch for G and X. Called at an offset into an aggregate for its halves; ends with G's
 // staging space free (its last reads before the final barrier).
 __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const float* __restrict__ ts,
-                                              float* __restrict__ t, int n, int lda, float* gs, float* tt, float* x,
-                                              int splits, long long ss) {
+                                              float* __restrict__ t, int n, int lda, float* gs, float* tt, float* x) {
   const int nblk = (n + 31) >> 5;
   const int np = nblk << 5;  // n rounded up to whole blocks
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -385,7 +371,7 @@ __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const
     for (int j = lane; j < np; j += 32) {
       if (k >= j) continue;
       if (j < n) {
-        stage_g(gs + k * TMAT_GL + j, g + (size_t)k * lda + j, splits, ss);
+        cp_async4(gs + k * TMAT_GL + j, g + (size_t)k * lda + j);
       } else {
         gs[k * TMAT_GL + j] = 0.0f;
       }
@@ -426,14 +412,14 @@ __device__ __forceinline__ void tmat_diagonal(const float* __restrict__ g, const
 // below its diagonal: k up to J's block) and T12[:, J] = -T1 X (T1 zero left of its diagonal: k from r's block on),
 // each over all threads, each thread a row of every 32-row block (their lengths balanced).
 __device__ __forceinline__ void tmat_corner(const float* __restrict__ g, float* __restrict__ t, int a, float* gs,
-                                            const float* t1, const float* t2, float* x, int splits, long long ss) {
+                                            const float* t1, const float* t2, float* x) {
   constexpr int H = TMAT_BLOCKED_MAX;
   const int n2 = a - H, np2 = (n2 + 31) & ~31;
   const int lane = threadIdx.x & 31;
   for (int r = threadIdx.x >> 5; r < H; r += blockDim.x >> 5) {
     for (int c = lane; c < np2; c += 32) {
       if (c < n2) {
-        stage_g(gs + r * TMAT_GL + c, g + (size_t)r * a + H + c, splits, ss);
+        cp_async4(gs + r * TMAT_GL + c, g + (size_t)r * a + H + c);
       } else {
         gs[r * TMAT_GL + c] = 0.0f;
       }
@@ -453,7 +439,7 @@ __device__ __forceinline__ void tmat_corner(const float* __restrict__ g, float* 
 
 extern "C" __global__ void __launch_bounds__(1024, 1)
 qr_tmat(const float* __restrict__ gram, const float* __restrict__ tau, float* __restrict__ tmat, int a,
-    long long gbs, int tau_stride, int splits, long long ss) {
+    long long gbs, int tau_stride) {
   QR_DYNAMIC_SHARED(sm);
   const float* g = gram + (size_t)blockIdx.x * gbs;
   const float* ts = tau + (size_t)blockIdx.x * tau_stride;
@@ -464,7 +450,7 @@ qr_tmat(const float* __restrict__ gram, const float* __restrict__ tau, float* __
   float* x = t1 + (np1 + np2) * TMAT_TLD;  // X: np1 - 32 rows for a half, TMAT_BLOCKED_MAX for the corner
   for (int o = 0; o < a; o += TMAT_BLOCKED_MAX) {
     tmat_diagonal(g + (size_t)o * a + o, ts + o, t + (size_t)o * a + o, min(a - o, TMAT_BLOCKED_MAX), a, gs,
-                  t1 + o * TMAT_TLD, x, splits, ss);
+                  t1 + o * TMAT_TLD, x);
   }
-  if (a > TMAT_BLOCKED_MAX) tmat_corner(g, t, a, gs, t1, t1 + TMAT_BLOCKED_MAX * TMAT_TLD, x, splits, ss);
+  if (a > TMAT_BLOCKED_MAX) tmat_corner(g, t, a, gs, t1, t1 + TMAT_BLOCKED_MAX * TMAT_TLD, x);
 }

@@ -8,7 +8,9 @@ precision says "tf32x3", the aggregates' merges, and Q's products. The kernels a
   gram       an aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that
              reach G's upper part
 
-Every kernel can split K into parts written apart (run/buffers.gram_parts: G of few matrices)."""
+Every kernel can split K into parts written apart (k_parts: G, and the projections, of few matrices: their grids
+leave most SMs idle), which the caller adds; a product of more rows than grid.y holds tiles of runs in pieces of
+rows (row_pieces)."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,6 +33,8 @@ CONFIGS = {
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
                  b_kcontig=True, upper_only=True),
 }
+PART_ROWS = 256  # K a part at least, where a product's K is split (k_parts)
+ROW_TILES_MAX = GRID_YZ  # row tiles a launch at most (row_pieces)
 SMALL_GRID = 2  # projections of up to 128 rows take 64-row tiles below this many 128-row tiles an SM (project_kind)
 MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
 # a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta, parts of K, floats between the parts' outputs
@@ -40,12 +44,32 @@ SIGNATURE = "PILPILPILIIIFFIL"
 def grid(kind: str, rows: int, cols: int, matrices: int) -> tuple[int, int, int] | None:
     """The kernel's grid for a product of rows x cols per matrix (column tiles, row tiles, matrices; for the gram
     kernel the tiles on and above the diagonal, in x: docs/decisions.md#gemm3-gram-upper-grid); None where grid.y or
-    grid.z exceeds CUDA's limit (millions of rows, a batch past GRID_YZ): cuBLAS takes those."""
+    grid.z exceeds CUDA's limit (row_pieces keeps grid.y within it; a batch past GRID_YZ: cuBLAS takes those)."""
     cfg = CONFIGS[kind]
     out = (-(-cols // cfg["bn"]), -(-rows // cfg["bm"]), matrices)
     if cfg["upper_only"]:  # the tiles on and above the diagonal only, numbered in x (the kernel's decode)
         out = (out[0] * (out[0] + 1) // 2, 1, matrices)
     return None if max(out[1:]) > GRID_YZ else out
+
+
+def row_pieces(kind: str, rows: int) -> list[tuple[int, int]]:
+    """C's rows [r0, r1) in pieces whose row tiles fit CUDA's grid.y (one piece below 4,194,240 rows), each a
+    launch of its own (docs/decisions.md#tsqr-tf32x3)."""
+    step = ROW_TILES_MAX * CONFIGS[kind]["bm"]
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, max(rows, 1), step)]
+
+
+def k_parts(blocks: int, depth: int, sms: int) -> int:
+    """Parts to split a product's K (`depth`) into, where its grid of `blocks` fills fewer than two blocks per SM:
+    enough for about two, each at least PART_ROWS deep; else 1 (docs/decisions.md#gram-splits)."""
+    return max(1, min(depth // PART_ROWS, 2 * sms // max(1, blocks)))
+
+
+def project_parts(rows: int, cols: int, depth: int, matrices: int, sms: int) -> int:
+    """k_parts of a projection W = Z^T C (rows x cols, K = depth) of `matrices` matrices on `sms` SMs, on the grid
+    its kernel would have unsplit (docs/decisions.md#tsqr-tf32x3)."""
+    out = grid(project_kind(rows, cols, matrices, sms), rows, cols, matrices)
+    return k_parts(out[0] * out[1] * out[2], depth, sms) if out else 1
 
 
 def threads(config: dict) -> int:
@@ -96,10 +120,11 @@ def project_kind(rows: int, cols: int = 0, matrices: int = 0, sms: int = 0) -> s
 
 def route(trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int, addresses, strides, matrices: int,
           sms: int) -> tuple[str, tuple[int, int, int]] | None:
-    """(kernel kind, grid) of a product op(A) op(B) that a tf32x3 kernel takes: A B (the projection's layout), A^T
-    B (the update's) or A B^T (the Gram matrix's), every operand address 16-byte aligned, every dimension and
-    stride (leading dimensions, batch strides) a multiple of 4 floats, no dimension below MIN, a grid within
-    CUDA's limits; None otherwise (the engines' fp32 product then). sms: project_kind's (0 beside a lookahead)."""
+    """(kernel kind, grid of a piece of row_pieces) of a product op(A) op(B) that a tf32x3 kernel takes: A B (the
+    projection's layout), A^T B (the update's) or A B^T (the Gram matrix's), every operand address 16-byte aligned,
+    every dimension and stride (leading dimensions, batch strides) a multiple of 4 floats, no dimension below MIN,
+    a grid within CUDA's limits; None otherwise (the engines' fp32 product then). sms: project_kind's (0 beside a
+    lookahead)."""
     kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
     if kind is None or any(a % 16 for a in addresses) or any(v % 4 for v in (rows, cols, depth, *strides)):
         return None
@@ -107,8 +132,14 @@ def route(trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int, addres
         return None
     if kind == "project":  # small grids on 64-row tiles, except beside a lookahead's side stream
         kind = project_kind(rows, cols, matrices, sms)
-    out = grid(kind, rows, cols, matrices)
+    r0, r1 = row_pieces(kind, rows)[0]
+    out = grid(kind, r1 - r0, cols, matrices)
     return None if out is None else (kind, out)
+
+
+def piece_offsets(kind: str, r0: int, lda: int, ldc: int) -> tuple[int, int]:
+    """Floats from A's and C's start to row r0 of C's rows (A's layout per CONFIGS: M contiguous, or K)."""
+    return (r0 if CONFIGS[kind]["a_mcontig"] else r0 * lda), r0 * ldc
 
 
 def project_kinds(rows: int) -> set[str]:

@@ -20,8 +20,8 @@ BLOCKED_MAX = 128
 MAX = 2 * BLOCKED_MAX
 LD = BLOCKED_MAX + 4  # floats between rows of G and T in shared memory: 16-byte aligned, 4 banks apart
 XLD = 32 + 4  # and of X (32 columns)
-# gram, tau, t, reflectors, G's stride, tau's; G's parts, their stride
-SIGNATURE = "PPPILIIL"
+# gram, tau, t, reflectors, G's stride, tau's
+SIGNATURE = "PPPILI"
 
 
 def shared_bytes(a: int) -> int:

@@ -2,7 +2,7 @@
 
 reflectors      V^T of a panel, or of an aggregate (its panels write into it)
 panel_wy        (V T)^T of a panel
-w               W of a trailing update (w_side: the side stream's, with lookahead)
+w               W of a trailing update (and its parts, w_parts; w_side: the side stream's, with lookahead)
 gram            G = V^T V of an aggregate (and its parts, gram_parts); tmat: its T
 aggregate_wy    (V T)^T of an aggregate
 q_w             W of Q's products (keep plans)
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from ..plan import tf32x3
 from ..plan.tsqr import tsqr_layout
 
-GRAM_PART_ROWS = 256  # rows of V a part at least (gram_parts)
 # a rotating buffer's size is its first one's
 SIZE_OF = {"reflectors_2": "reflectors", "reflectors_3": "reflectors", "aggregate_wy_2": "aggregate_wy",
            "aggregate_wy_3": "aggregate_wy", "w_side": "w", "tmat": "gram"}
@@ -73,12 +72,27 @@ def buffer_names(fac) -> tuple[str, ...]:
 
 def gram_parts(fac, chunk: int, sms: int) -> int:
     """Parts to split the K (rows of V) of an aggregate's G = V^T V into, for `chunk` matrices: where the tf32x3
-    gram kernel can take G (an fp32 Gram precision) and the matrices' upper 64 x 64 tiles fill fewer than two blocks
-    per SM, enough parts for about that many, each of at least GRAM_PART_ROWS rows of the deepest aggregate; else 1
-    (docs/decisions.md#gram-splits). The parts are written apart and the T kernel adds them as it stages G."""
+    gram kernel can take G (an fp32 Gram precision), tf32x3.k_parts of the matrices' upper 64 x 64 tiles and the
+    deepest aggregate (docs/decisions.md#gram-splits). Part q of the chunk's matrices lies q * chunk * sizes.gram
+    floats into "gram"; the engine adds the parts into the first before the T kernel reads G."""
     if "gram" not in tf32x3.kinds(fac.schedule):
         return 1
     a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
     depth = max([agg.rows for agg in fac.aggregates] + [1])
     tiles = tf32x3.grid("gram", a, a, 1)[0]  # the blocks of one matrix's G
-    return max(1, min(depth // GRAM_PART_ROWS, 2 * sms // (chunk * tiles)))
+    return tf32x3.k_parts(chunk * tiles, depth, sms)
+
+
+def w_parts(fac, chunk: int, sms: int) -> int:
+    """The most parts a projection W = Z^T C into "w" splits its K (rows) into for `chunk` matrices
+    (tf32x3.project_parts): where the schedule's projections run on the tf32x3 kernels and no lookahead shares the
+    GPU with them, over the aggregates' projections and the panels' own that the kernels take; else 1. Part q of
+    the chunk's matrices lies q * chunk * sizes.w floats into "w"; the engine adds the parts into the first
+    (docs/decisions.md#tsqr-tf32x3)."""
+    s = fac.schedule
+    if s.lookahead or s.precision.project != "tf32x3":
+        return 1
+    products = [(agg.a1 - agg.a0, agg.nc, agg.rows) for agg in fac.aggregates if agg.nc > 0]
+    if s.panel_update == "cublas":
+        products += [(L.width, L.nc, L.rows) for L in fac.launches if L.nc > 0 and L.width >= tf32x3.MIN]
+    return max([tf32x3.project_parts(a, nc, rows, chunk, sms) for a, nc, rows in products] + [1])

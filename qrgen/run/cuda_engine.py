@@ -7,7 +7,6 @@ import contextlib
 from ..plan import apply3, fused, rowsplit, scale, tf32x3, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
 from . import cublas
-from .buffers import GRAM_PART_ROWS
 from .engine import SkipStages
 from .launch import PackedArgs, launch_panel
 from .sequence import drive, drive_q
@@ -32,7 +31,6 @@ class CudaEngine:
         self.src_ptr = None if src is None else src.data.ptr
         self.strides = ws.strides
         self.ptrs = {**ws.ptrs, "h": self.h_ptr}
-        self.gram_parts = 1  # the parts the last G came in (gram_parts), for the T kernel that reads it
 
     def _mark(self, stage, launch):
         if self.stages is None:
@@ -101,8 +99,7 @@ class CudaEngine:
         a = agg.a1 - agg.a0
         stop = self._mark("tmat", None)
         self.launch(func, (self.nb, 1, 1), tmat.threads(a), tmat.shared_bytes(a), tmat.SIGNATURE,
-                     (self.ptrs["gram"], self.tau_ptr + 4 * agg.a0, self.ptrs["tmat"], a, self.sizes.gram, self.fac.k,
-                      self.gram_parts, self.ws.chunk * self.sizes.gram),
+                     (self.ptrs["gram"], self.tau_ptr + 4 * agg.a0, self.ptrs["tmat"], a, self.sizes.gram, self.fac.k),
                      self.streams.side.ptr if side and self.streams is not None else None)
         self._done(stop)
 
@@ -164,18 +161,20 @@ class CudaEngine:
             self._done(stop)
             return
         side = side and self.streams is not None
-        if stage == "gram":
-            self.gram_parts = 1
-            parts = min(self.ws.gram_parts, max(1, depth // GRAM_PART_ROWS))
+        if stage == "gram":  # G in parts (run/buffers.gram_parts), added into the first
+            parts = min(self.ws.gram_parts, max(1, depth // tf32x3.PART_ROWS))
             if precision in ("fp32", "tf32x3") and parts > 1 and self.tf32x3_gemm(
                     trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
                     parts):
-                self.gram_parts = parts
+                self._add_parts(c, rows * ldc, parts, sc, side)
                 self._done(stop)
                 return
         if precision == "tf32x3":
+            parts = self._w_parts(stage, rows, cols, depth, c, side)
             if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                                side):
+                                side, parts):
+                if parts > 1:
+                    self._add_parts(c, rows * ldc, parts, sc)
                 self._done(stop)
                 return
             precision = "fp32"  # products the tf32x3 kernels do not take (thin or not 16-byte aligned): cuBLAS fp32
@@ -196,13 +195,32 @@ class CudaEngine:
                              0 if self.fac.schedule.lookahead else self.ws.sms)
         if route is None:
             return False
-        kind, grid = route
+        kind, _ = route
         cfg = tf32x3.CONFIGS[kind]
         _, func = self.funcs[tf32x3.name(kind)]
-        self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
-                     (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth, alpha, beta, parts,
-                      self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
+        for r0, r1 in tf32x3.row_pieces(kind, rows):  # one piece below millions of rows
+            da, dc = tf32x3.piece_offsets(kind, r0, lda, ldc)
+            self.launch(func, tf32x3.grid(kind, r1 - r0, cols, self.nb * parts), tf32x3.threads(cfg),
+                        tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
+                        (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc, sc, r1 - r0, cols, depth,
+                         alpha, beta, parts, self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
         return True
+
+    def _w_parts(self, stage, rows, cols, depth, c, side) -> int:
+        """The parts a projection into "w" splits its K into (run/buffers.w_parts: few matrices, no lookahead), at
+        most as many as the workspace holds; 1 for every other product."""
+        if stage != "project" or side or c[0] != "w" or self.ws.w_parts == 1:
+            return 1
+        return min(self.ws.w_parts, tf32x3.project_parts(rows, cols, depth, self.nb, self.ws.sms))
+
+    def _add_parts(self, c, floats, parts, stride, side=False):
+        """Parts 1 to parts - 1 of a product's `floats` outputs (each the chunk's matrices `stride` floats apart, the
+        parts chunk * stride floats apart) added into part 0 at c, as a product with a vector of ones in fp32."""
+        base, step = self.ptrs[c[0]] + 4 * c[1], self.ws.chunk * stride
+        side = side and self.streams is not None
+        cublas.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, False, False, 1, floats,
+                    parts - 1, 1.0, self.ptrs["ones"], parts - 1, 0, base + 4 * step, step, stride, 1.0, base, floats,
+                    stride, self.nb, "fp32", slot=int(side), sm_target=self.side_sms if side else 0)
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
         """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel

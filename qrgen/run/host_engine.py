@@ -9,6 +9,7 @@ from ..numerics import qmatrix
 from ..plan import apply3, fused, rowsplit, scale, tf32x3, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE, panel_grid
 from ..targets import Target
+from .buffers import w_parts
 from .launch import PackedArgs
 from .numpy_engine import CpuFactorizer, NumpyEngine
 from .sequence import drive, drive_q
@@ -40,6 +41,10 @@ class HostKernelEngine(NumpyEngine):
         blocks = max(L.blocks for L in fac.launches)
         self.exchange = np.full((self.nb, 2 * blocks * 64), np.nan, dtype=np.float32)
         self.flags = np.zeros(self.nb, dtype=np.uint32)
+        # W in parts (run/buffers.w_parts), as the workspace holds it
+        self.w_parts = w_parts(fac, self.nb, self.sms)
+        if self.w_parts > 1:
+            self.buffers["w"] = np.full((self.w_parts * self.nb, self.sizes.w), np.nan, dtype=np.float32)
 
     def _address(self, name: str, offset: int) -> int:
         return self.buffers[name].ctypes.data + 4 * offset
@@ -64,11 +69,11 @@ class HostKernelEngine(NumpyEngine):
 
 
     def _tmat(self, agg):
-        """T of an aggregate by the T kernel, from G in "gram" (one part) into "tmat", as run/cuda_engine's."""
+        """T of an aggregate by the T kernel, from G in "gram" into "tmat", as run/cuda_engine's."""
         a = agg.a1 - agg.a0
         stride = self.sizes.gram
         args = PackedArgs(tmat.SIGNATURE, (self._address("gram", 0), self.tau.ctypes.data + 4 * agg.a0,
-                                           self._address("tmat", 0), a, stride, self.fac.k, 1, self.nb * stride))
+                                           self._address("tmat", 0), a, stride, self.fac.k))
         self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a), *self.turns)
 
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
@@ -76,8 +81,19 @@ class HostKernelEngine(NumpyEngine):
         """A panel's own products by the rowsplit kernels where the schedule says so (as run/cuda_engine's _split),
         the other products in NumPy."""
         if via != "rowsplit":
+            # a projection into "w" in parts as run/cuda_engine's _w_parts splits it, the parts added in part order
+            parts = (min(self.w_parts, tf32x3.project_parts(rows, cols, depth, self.nb, self.sms))
+                     if stage == "project" and c[0] == "w" and self.w_parts > 1 else 1)
             if precision == "tf32x3" and self._tf32x3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb,
-                                                      sb, beta, c, ldc, sc):
+                                                      sb, beta, c, ldc, sc, parts):
+                if parts > 1:
+                    flat, n = self.buffers["w"].reshape(-1), rows * ldc
+                    for b0 in range(self.nb):
+                        at = c[1] + b0 * sc
+                        for q in range(1, parts):
+                            part = at + q * self.nb * sc
+                            flat[at:at + n] += flat[part:part + n]
+                    self.log.append(("parts", stage, parts))
                 return
             return super()._gemm(stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c,
                                  ldc, sc, "fp32" if precision == "tf32x3" else precision, via)
@@ -95,19 +111,24 @@ class HostKernelEngine(NumpyEngine):
             self.kernels[rowsplit.name("update", depth)](args, rowsplit.update_grid(rows, cols, self.nb),
                                                         rowsplit.THREADS, 0, *self.turns)
 
-    def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc) -> bool:
-        """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part); False
-        where it does not (cuBLAS fp32's there, NumPy's here)."""
+    def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+                parts=1) -> bool:
+        """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part; K in `parts`
+        parts written nb * sc floats apart; rows in tf32x3.row_pieces); False where it does not (cuBLAS fp32's
+        there, NumPy's here)."""
         ptrs = [self._address(*x) for x in (a, b, c)]
-        route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb,
+        route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb * parts,
                              0 if self.fac.schedule.lookahead else self.sms)
         if route is None:
             return False
-        kind, grid = route
+        kind, _ = route
         cfg = tf32x3.CONFIGS[kind]
-        args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0], lda, sa, ptrs[1], ldb, sb, ptrs[2], ldc, sc, rows, cols, depth,
-                                             alpha, beta, 1, self.nb * sc))
-        self.kernels[tf32x3.name(kind)](args, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), *self.turns)
+        for r0, r1 in tf32x3.row_pieces(kind, rows):
+            da, dc = tf32x3.piece_offsets(kind, r0, lda, ldc)
+            args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc,
+                                                 sc, r1 - r0, cols, depth, alpha, beta, parts, self.nb * sc))
+            self.kernels[tf32x3.name(kind)](args, tf32x3.grid(kind, r1 - r0, cols, self.nb * parts),
+                                            tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), *self.turns)
         return True
 
     def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:

@@ -249,6 +249,6 @@ def tmatrix_gpu(gram, tau):
     ts = cupy.ascontiguousarray(tau, dtype=cupy.float32)
     t = cupy.empty((batch, w, w), dtype=cupy.float32)
     if batch and w:
-        func((batch,), (tmat.threads(w),), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w), np.int32(1),
-                        np.int64(0)), shared_mem=tmat.shared_bytes(w))
+        func((batch,), (tmat.threads(w),), (g, ts, t, np.int32(w), np.int64(w * w), np.int32(w)),
+             shared_mem=tmat.shared_bytes(w))
     return t

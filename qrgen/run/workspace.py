@@ -6,7 +6,7 @@ import contextlib
 
 from ..plan import rowsplit
 from ..targets.cuda import GRID_YZ
-from .buffers import Sizes, buffer_names, gram_parts
+from .buffers import Sizes, buffer_names, gram_parts, w_parts
 from .launch import PackedArgs, sm_count
 
 class Workspace:
@@ -35,6 +35,11 @@ class Workspace:
         self.gram_parts = gram_parts(fac, self.chunk, self.sms) if "gram" in self.buffers else 1
         if self.gram_parts > 1:
             self.buffers["gram"] = cupy.empty((self.gram_parts * self.chunk, self.sizes.gram), dtype=cupy.float32)
+        # W in parts (w_parts) likewise; the engine adds either's parts into the first by a product with ones
+        self.w_parts = w_parts(fac, self.chunk, self.sms)
+        if self.w_parts > 1:
+            self.buffers["w"] = cupy.empty((self.w_parts * self.chunk, self.sizes.w), dtype=cupy.float32)
+        self.buffers["ones"] = cupy.ones((max(self.w_parts, self.gram_parts),), dtype=cupy.float32)
         # The rowsplit panel products: partial sums per row block, and a counter per matrix and column tile that the
         # last block of each launch resets (zero between launches).
         split = [L for L in fac.launches if L.nc > 0] if fac.schedule.panel_update == "rowsplit" else []

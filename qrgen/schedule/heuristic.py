@@ -37,7 +37,8 @@ TSQR_FROM = 8193  # tsqr panels from this many rows, past 16-block clusters (doc
 TSQR_SINGLE_FROM = 16385  # ... for one matrix from this many: past the rows a cluster's rows panel holds
 TSQR_ASPECT = 64  # ... and rows a column, for any number of matrices
 TSQR_PANEL = {"width": 16, "threads": 256, "tile": 512, "loop": False, "slice": 2}  # cols tiles (plan/tsqr.py)
-TSQR_AGGREGATE = 64
+TSQR_AGGREGATE = 64  # ... aggregated from twice this many columns, the aggregates' products in tf32x3
+TSQR_PRECISION = Precision(project="tf32x3", update="tf32x3")  # (docs/decisions.md#tsqr-tf32x3)
 LOOKAHEAD_PIECES = 2  # Schedule.lookahead where the side products are fp32-class (docs/decisions.md#lookahead)
 LOOKAHEAD_WHOLE = 32  # ... and where they run on tf32/fp16/bf16 tensor cores (one piece)
 REACH_MAX_BATCH = 4  # Schedule.reach for lookahead schedules of at most this many matrices (docs/decisions.md#reach)
@@ -202,7 +203,8 @@ def default_choices(problem: Problem, clustered: bool = True, target: Target = S
     """clustered=False: the heuristic as it would be without clusters."""
     if default_tsqr(problem):
         aggregate = fit_aggregate(TSQR_AGGREGATE if problem.k >= 2 * TSQR_AGGREGATE else 0, target)
-        return DefaultChoices(0, aggregate, default_panel_update(problem), Precision(), TSQR_PANEL["loop"], 0)
+        return DefaultChoices(0, aggregate, default_panel_update(problem), TSQR_PRECISION if aggregate else Precision(),
+                              TSQR_PANEL["loop"], 0)
     cluster = default_cluster(problem, target) if clustered and not default_many(problem) else 0
     aggregate = fit_aggregate(0 if cluster and problem.batch == 1 else default_aggregate(problem, target), target)
     update = default_panel_update(problem)

@@ -138,6 +138,36 @@ def test_rowsplit_updates_take_every_row_tile_past_the_grid_limit(monkeypatch):
     assert np.array_equal(h, h2) and np.array_equal(tau, tau2)
 
 
+def test_tsqr_aggregates_split_their_projections_and_update_in_row_pieces_on_the_cpu(monkeypatch):
+    """One tall matrix's default: tsqr panels whose aggregates' products take the tf32x3 kernels, each projection's
+    K in parts (run/buffers.w_parts) added into the first, the update in pieces of rows past CUDA's grid.y (here with
+    the limit at 2 row tiles: bit for bit the launch of one piece). docs/decisions.md#tsqr-tf32x3."""
+    from qrgen.plan import tf32x3
+    from qrgen.schedule.heuristic import TSQR_PANEL, TSQR_PRECISION
+
+    panel = Panel(TSQR_PANEL["width"], "tsqr", TSQR_PANEL["threads"], tile=TSQR_PANEL["tile"],
+                  slice=TSQR_PANEL["slice"])
+    schedule = Schedule(2048, 128, (panel,) * 8, TSQR_PRECISION, aggregate=64)
+    # dense matrices: a stress family's trailing columns may be in the span of the first 64 (W zero)
+    a = np.random.default_rng(7).standard_normal((2, schedule.m, schedule.n), dtype=np.float32)
+    engine_log = []
+    real = host_engine.HostKernelEngine.__init__
+
+    def keep_log(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        engine_log.append(self.log)
+
+    monkeypatch.setattr(host_engine.HostKernelEngine, "__init__", keep_log)
+    h, tau = host_engine.geqrf(a, schedule, TARGET)
+    assert check(a, h, tau, FACTOR_GATE / 2, ORTHOGONALITY_GATE / 2).ok
+    # 2048 rows in parts of at least PART_ROWS: 8 parts for the one aggregate with columns right of it
+    assert [e for e in engine_log[0] if e[0] == "parts"] == [("parts", "project", 2048 // tf32x3.PART_ROWS)]
+    monkeypatch.setattr(tf32x3, "ROW_TILES_MAX", 2)
+    assert len(tf32x3.row_pieces("update", 2048)) == 16
+    h2, tau2 = host_engine.geqrf(a, schedule, TARGET)
+    assert np.array_equal(h, h2) and np.array_equal(tau, tau2)
+
+
 def test_the_tall_cols_default_passes_the_gates_on_the_cpu():
     """default_cols_tall at 640 x 576: cols panels on clusters of two, the 96-column ones holding one block's share
     of the reflectors (slot reuse), two matrices of every stress family mixed."""

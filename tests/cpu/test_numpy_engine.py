@@ -609,7 +609,8 @@ def test_gram_splits_only_for_few_matrices_with_an_fp32_gram():
     precision, aggregates of 64 columns or more) and the chunk's upper 64 x 64 tiles fill fewer than two blocks per
     SM of 132, each part at least GRAM_PART_ROWS rows of V; the committed reference files: 8 x 2048² in 8 parts (its
     rows), the others in one; one tall matrix's aggregates of 64 in 264 (two blocks an SM)."""
-    from qrgen.run.buffers import GRAM_PART_ROWS, gram_parts
+    from qrgen.plan.tf32x3 import PART_ROWS as GRAM_PART_ROWS
+    from qrgen.run.buffers import gram_parts
     from qrgen.run.factorizer import Factorizer
     from qrgen.schedule.files import find
 

@@ -53,6 +53,25 @@ def test_tall_and_wide(m, n):
     assert result.ok, f"{m}x{n} {labels}: {result}"
 
 
+@pytest.mark.parametrize("batch,m,n", [(1, 20000, 256), (3, 20000, 192)])
+def test_few_tall_matrices_with_products_in_parts_every_family(batch, m, n):
+    """tsqr panels whose aggregates' G and projections split their K over the SMs, each product's parts added into
+    its first (run/buffers.gram_parts and w_parts, docs/decisions.md#tsqr-tf32x3); every family, `batch` a call."""
+    from qrgen.problem import Problem
+    from qrgen.run.buffers import gram_parts, w_parts
+    from qrgen.run.factorizer import Factorizer
+    from qrgen.schedule.files import find
+    from qrgen.targets import Target
+
+    target = Target("cuda", "sm_90")
+    fac = Factorizer(m, n, find(Problem(m, n, batch), target)[0], target)
+    assert gram_parts(fac, batch, 132) > 1 and w_parts(fac, batch, 132) > 1
+    a, labels = mixed(m, n, batch * len(FAMILIES), seed=m + n)
+    for i in range(0, len(a), batch):
+        result = geqrf_checked(a[i:i + batch])
+        assert result.ok, f"{batch}x{m}x{n} {labels[i:i + batch]}: {result}"
+
+
 @pytest.mark.parametrize("m,n", [(1, 64), (10, 100), (20, 33), (32, 200), (31, 32)])
 def test_wide_one_panel_every_family(m, n):
     """Wide matrices whose default is a single panel with columns right of it: those columns reach h before the

@@ -104,37 +104,6 @@ def test_t_kernel_against_the_reference(w):
     assert np.array_equal(np.tril(got, -1), np.zeros_like(got))
 
 
-@pytest.mark.parametrize("w,parts", [(31, 2), (128, 2), (128, 5), (200, 3), (256, 8)])
-def test_t_kernel_adds_g_parts(w, parts):
-    """G in parts (run/buffers.gram_parts; the T kernel adds them in part order as it stages G, for the halves and
-    the corner): the T of their float32 sum, every entry written, launched as the engine launches it."""
-    import cupy
-
-    from qrgen.plan import tmat
-    from qrgen.run.launch import common_kernel, device_target
-
-    batch = 3
-    h, tau = reference.geqrf(stress("random", w + 40, w, batch, seed=w).astype(np.float64))
-    v = np.tril(h, -1)
-    v[:, np.arange(w), np.arange(w)] = 1
-    g = np.swapaxes(v, 1, 2) @ v
-    pieces = np.random.default_rng(w).standard_normal((parts - 1, batch, w, w))
-    split = np.concatenate([g[None] - pieces.sum(axis=0)[None], pieces]).astype(np.float32)  # about G in parts
-    total = np.zeros((batch, w, w), dtype=np.float32)
-    for part in split:  # the kernel's sum, in its order
-        total += part
-    want = reference.tmatrix(total.astype(np.float64), tau)
-    device = cupy.cuda.Device().id
-    func = common_kernel(tmat.kernel(device_target(device)), device)
-    t = cupy.full((batch, w, w), np.nan, dtype=cupy.float32)
-    args = (cupy.asarray(split), cupy.asarray(tau, dtype=cupy.float32), t, np.int32(w), np.int64(w * w), np.int32(w),
-            np.int32(parts), np.int64(batch * w * w))
-    func((batch,), (tmat.threads(w),), args, shared_mem=tmat.shared_bytes(w))
-    got = t.get()
-    assert np.abs(got - want).max() <= 100 * EPS32 * np.abs(want).max(), np.abs(got - want).max()
-    assert np.array_equal(np.tril(got, -1), np.zeros_like(got))
-
-
 def test_cublas_matmul_layouts():
     import cupy
 
