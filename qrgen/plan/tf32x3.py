@@ -14,6 +14,7 @@ rows (row_pieces)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..render.environment import environment
 from ..targets import ASYNC_COPY, TF32_MMA
@@ -57,6 +58,19 @@ def row_pieces(kind: str, rows: int) -> list[tuple[int, int]]:
     launch of its own (docs/decisions.md#tsqr-tf32x3)."""
     step = ROW_TILES_MAX * CONFIGS[kind]["bm"]
     return [(r0, min(rows, r0 + step)) for r0 in range(0, max(rows, 1), step)]
+
+
+def launches(kind: str, rows: int, cols: int, matrices: int, lda: int, ldc: int) -> tuple:
+    """The launches of a product of `rows` rows, one per row_pieces piece: (floats from A's start to the piece's
+    first row, from C's, its rows, its grid). Cached: the engines ask for every product of every call."""
+    return _launches(kind, rows, cols, matrices, lda, ldc, ROW_TILES_MAX)
+
+
+@functools.lru_cache(maxsize=4096)
+def _launches(kind, rows, cols, matrices, lda, ldc, row_tiles_max):  # (row_tiles_max: a key, for tests' patches)
+    a_step = 1 if CONFIGS[kind]["a_mcontig"] else lda
+    return tuple((r0 * a_step, r0 * ldc, r1 - r0, grid(kind, r1 - r0, cols, matrices))
+                 for r0, r1 in row_pieces(kind, rows))
 
 
 def k_parts(blocks: int, depth: int, sms: int) -> int:
@@ -132,14 +146,8 @@ def route(trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int, addres
         return None
     if kind == "project":  # small grids on 64-row tiles, except beside a lookahead's side stream
         kind = project_kind(rows, cols, matrices, sms)
-    r0, r1 = row_pieces(kind, rows)[0]
-    out = grid(kind, r1 - r0, cols, matrices)
+    out = grid(kind, min(rows, ROW_TILES_MAX * CONFIGS[kind]["bm"]), cols, matrices)
     return None if out is None else (kind, out)
-
-
-def piece_offsets(kind: str, r0: int, lda: int, ldc: int) -> tuple[int, int]:
-    """Floats from A's and C's start to row r0 of C's rows (A's layout per CONFIGS: M contiguous, or K)."""
-    return (r0 if CONFIGS[kind]["a_mcontig"] else r0 * lda), r0 * ldc
 
 
 def project_kinds(rows: int) -> set[str]:

@@ -198,11 +198,9 @@ class CudaEngine:
         kind, _ = route
         cfg = tf32x3.CONFIGS[kind]
         _, func = self.funcs[tf32x3.name(kind)]
-        for r0, r1 in tf32x3.row_pieces(kind, rows):  # one piece below millions of rows
-            da, dc = tf32x3.piece_offsets(kind, r0, lda, ldc)
-            self.launch(func, tf32x3.grid(kind, r1 - r0, cols, self.nb * parts), tf32x3.threads(cfg),
-                        tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
-                        (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc, sc, r1 - r0, cols, depth,
+        for da, dc, piece, grid in tf32x3.launches(kind, rows, cols, self.nb * parts, lda, ldc):  # one below 4M rows
+            self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
+                        (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc, sc, piece, cols, depth,
                          alpha, beta, parts, self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
         return True
 
@@ -215,9 +213,9 @@ class CudaEngine:
 
     def _add_parts(self, c, floats, parts, stride, side=False):
         """Parts 1 to parts - 1 of a product's `floats` outputs (each the chunk's matrices `stride` floats apart, the
-        parts chunk * stride floats apart) added into part 0 at c, as a product with a vector of ones in fp32."""
+        parts chunk * stride floats apart) added into part 0 at c, as a product with a vector of ones in fp32; `side`:
+        on the side lane (gemm's, resolved: the plan has two streams)."""
         base, step = self.ptrs[c[0]] + 4 * c[1], self.ws.chunk * stride
-        side = side and self.streams is not None
         cublas.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, False, False, 1, floats,
                     parts - 1, 1.0, self.ptrs["ones"], parts - 1, 0, base + 4 * step, step, stride, 1.0, base, floats,
                     stride, self.nb, "fp32", slot=int(side), sm_target=self.side_sms if side else 0)

@@ -114,7 +114,7 @@ class HostKernelEngine(NumpyEngine):
     def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
                 parts=1) -> bool:
         """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part; K in `parts`
-        parts written nb * sc floats apart; rows in tf32x3.row_pieces); False where it does not (cuBLAS fp32's
+        parts written nb * sc floats apart; rows in tf32x3.launches' pieces); False where it does not (cuBLAS fp32's
         there, NumPy's here)."""
         ptrs = [self._address(*x) for x in (a, b, c)]
         route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb * parts,
@@ -123,12 +123,10 @@ class HostKernelEngine(NumpyEngine):
             return False
         kind, _ = route
         cfg = tf32x3.CONFIGS[kind]
-        for r0, r1 in tf32x3.row_pieces(kind, rows):
-            da, dc = tf32x3.piece_offsets(kind, r0, lda, ldc)
+        for da, dc, piece, grid in tf32x3.launches(kind, rows, cols, self.nb * parts, lda, ldc):
             args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc,
-                                                 sc, r1 - r0, cols, depth, alpha, beta, parts, self.nb * sc))
-            self.kernels[tf32x3.name(kind)](args, tf32x3.grid(kind, r1 - r0, cols, self.nb * parts),
-                                            tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), *self.turns)
+                                                 sc, piece, cols, depth, alpha, beta, parts, self.nb * sc))
+            self.kernels[tf32x3.name(kind)](args, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), *self.turns)
         return True
 
     def apply(self, z, zld, zs, v, vld, vs, width, rows, c, nc, side=False) -> bool:
