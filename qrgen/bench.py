@@ -267,15 +267,19 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
     agg: dict[str, float] = {}
     merge: dict[str, float] = {}
     agg_bytes = merge_bytes = 0.0
-    for a in fac.aggregates:
+    for i, a in enumerate(fac.aggregates):
         if not a.nc:  # (the last aggregate: nothing to its right, so no merge)
             continue
         width, r = a.a1 - a.a0, a.rows
+        fused_t = i in fac.plan.t_fused  # no (V T)^T: the projection applies T (W = T^T V^T C)
         merge[gram] = merge.get(gram, 0.0) + 1.0 * r * width * width  # G's upper half
-        vt = "tf32x3" if merge3 else "fp32"
-        merge[vt] = merge.get(vt, 0.0) + 1.0 * r * width * width  # (V T)^T, T triangular
+        if fused_t:
+            agg[prec.project] = agg.get(prec.project, 0.0) + 1.0 * width * width * a.nc  # T^T (V^T C), T triangular
+        else:
+            vt = "tf32x3" if merge3 else "fp32"
+            merge[vt] = merge.get(vt, 0.0) + 1.0 * r * width * width  # (V T)^T, T triangular
         merge["fp32"] = merge.get("fp32", 0.0) + width ** 3 / 3.0  # T from G and tau
-        merge_bytes += f * (3 * r * width + 2 * width * width)
+        merge_bytes += f * ((1 if fused_t else 3) * r * width + 2 * width * width)
         for p in (prec.project, prec.update):
             agg[p] = agg.get(p, 0.0) + 2.0 * r * width * a.nc
         agg_bytes += f * (3 * r * a.nc + 2 * r * width + 2 * width * a.nc)

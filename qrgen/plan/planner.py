@@ -145,14 +145,15 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         kernels.append(tmat.kernel(target))
     if schedule.scaled:
         kernels.append(scale.kernel())
-    kinds = set(tf32x3.kinds(schedule))
+    kinds = set(tf32x3.kinds(schedule, keep))
+    fused_t = tuple(i for i, a in enumerate(aggs) if a.nc > 0 and tf32x3.t_fused(schedule, a, keep))
     kept = kept_blocks(launches, aggs) if keep else ()
     for block in kept:
         if tf32x3.q_precision(block.width) == "tf32x3":
             kinds |= tf32x3.project_kinds(block.width) | {"update"}  # Q's W = V^T P and P -= (V T) W
     kernels += [tf32x3.kernel(kind) for kind in tf32x3.CONFIGS if kind in kinds]
     kernels += apply3.kernels(schedule, aggs, target)
-    return Plan(tuple(kernels), tuple(launches), aggs, kept, keep)
+    return Plan(tuple(kernels), tuple(launches), aggs, kept, keep, fused_t)
 
 
 def _named(spec: KernelSpec, columns: list[int]) -> KernelSpec:

@@ -94,6 +94,7 @@ class Plan:
     aggregates: tuple[Aggregate, ...]
     kept: tuple[Kept, ...]
     keep: bool
+    t_fused: tuple[int, ...] = ()  # the aggregates (indices) whose projections may apply T (tf32x3.t_fused, t_fills)
 
     def kernel(self, name: str) -> KernelSpec:
         return next(k for k in self.kernels if k.name == name)

@@ -7,6 +7,8 @@ precision says "tf32x3", the aggregates' merges, and Q's products. The kernels a
   update     C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous)
   gram       an aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that
              reach G's upper part
+  project_t, project64_t   the projections W = T^T (V^T C) of aggregates whose T they apply in their epilogue
+             (t_fused), where the aggregate's merge then forms no (VT)^T
 
 Every kernel can split K into parts written apart (k_parts: G, and the projections, of few matrices: their grids
 leave most SMs idle), which the caller adds; a product of more rows than grid.y holds tiles of runs in pieces of
@@ -34,12 +36,16 @@ CONFIGS = {
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
                  b_kcontig=True, upper_only=True),
 }
+for _kind in ("project", "project64"):  # the same with the aggregate's T applied in the epilogue (t_fused)
+    CONFIGS[_kind + "_t"] = dict(CONFIGS[_kind], t_fused=True)
+T_MAX = CONFIGS["project"]["bm"]  # the widest aggregate whose rows of W one block of project_t holds
 PART_ROWS = 256  # K a part at least, where a product's K is split (k_parts)
 ROW_TILES_MAX = GRID_YZ  # row tiles a launch at most (row_pieces)
 SMALL_GRID = 2  # projections of up to 128 rows take 64-row tiles below this many 128-row tiles an SM (project_kind)
 MIN = 64  # products with a smaller dimension (a panel's own: 32 rows or a depth of 32) stay with cuBLAS
 # a, lda, sa, b, ldb, sb, c, ldc, sc, M, N, K, alpha, beta, parts of K, floats between the parts' outputs
 SIGNATURE = "PILPILPILIIIFFIL"
+T_SIGNATURE = SIGNATURE + "PIL"  # and T: t, ldt, st (the _t kernels)
 
 
 def grid(kind: str, rows: int, cols: int, matrices: int) -> tuple[int, int, int] | None:
@@ -96,7 +102,8 @@ def shared_bytes(config: dict) -> int:
     c = config
     a = c["bk"] * (c["bm"] + 4) if c["a_mcontig"] else c["bm"] * (c["bk"] + 8)
     b = c["bn"] * (c["bk"] + 8) if c["b_kcontig"] else c["bk"] * (c["bn"] + 4)
-    return 4 * c["stages"] * (a + b)
+    epilogue = c["bm"] * (c["bn"] + 4) + c["bm"] * (c["bm"] + 4) if c.get("t_fused") else 0  # W's tile and T
+    return 4 * max(c["stages"] * (a + b), epilogue)
 
 
 def name(kind: str) -> str:
@@ -111,7 +118,7 @@ def kernel(kind: str) -> KernelSpec:
 
 
 def signature(spec: KernelSpec) -> str:
-    return SIGNATURE
+    return T_SIGNATURE if CONFIGS[spec.kind].get("t_fused") else SIGNATURE
 
 
 def features(spec: KernelSpec) -> tuple[str, ...]:
@@ -150,27 +157,62 @@ def route(trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int, addres
     return None if out is None else (kind, out)
 
 
+def t_fused(schedule, agg, keep: bool = False) -> bool:
+    """Whether an aggregate's projection applies its T in the kernel's epilogue, W = T^T (V^T C), so that its merge
+    forms no (VT)^T (docs/decisions.md#project-t): a tf32x3 projection of MIN to T_MAX reflectors and at least MIN
+    columns, every offset and dimension a multiple of 4 floats (the kernels' alignment); one stream (no lookahead or
+    reach: T's buffer does not rotate), the two products (not apply3), and not in qr's keep plans (Q's products
+    read (VT)^T)."""
+    a = agg.a1 - agg.a0
+    return (not keep and schedule.precision.project == "tf32x3" and not schedule.lookahead and not schedule.reach
+            and schedule.aggregate_update == "gemm" and MIN <= a <= T_MAX and agg.nc >= MIN
+            and all(v % 4 == 0 for v in (schedule.m, schedule.n, agg.a0, agg.a1)))
+
+
+def t_fills(rows: int, cols: int, depth: int, matrices: int, sms: int) -> bool:
+    """Whether a t_fused aggregate's projection (`rows` reflectors, `cols` columns, K = depth) takes its _t kernel
+    for `matrices` matrices on `sms` SMs: always at most 64 reflectors (the same tiles as the plain projection's);
+    past 64, where the 128-row tiles' grid, K in project_parts' parts, has at least half as many blocks as SMs (the
+    plain projection would take 64-row tiles, twice the blocks, where its grid is small: docs/decisions.md#project-t);
+    else the merge forms (VT)^T."""
+    if rows <= CONFIGS["project64"]["bm"]:
+        return True
+    out = grid("project", rows, cols, matrices * project_parts(rows, cols, depth, matrices, sms))
+    return out is not None and out[0] * out[1] * out[2] >= sms // 2
+
+
+def t_kind(kind: str, rows: int) -> str:
+    """The _t kernel for a projection of `rows` rows that route gave `kind`: 128-row tiles past 64 rows (its epilogue
+    needs every row of W in its block)."""
+    return ("project" if rows > CONFIGS[kind]["bm"] else kind) + "_t"
+
+
 def project_kinds(rows: int) -> set[str]:
     """The kernels a projection of `rows` rows may take (project_kind, whatever its columns and batch): those of
     the largest grid and of the smallest."""
     return {project_kind(rows), project_kind(rows, 1, 1, 1)}
 
 
-def kinds(schedule) -> tuple[str, ...]:
+def kinds(schedule, keep: bool = False) -> tuple[str, ...]:
     """The kernels a schedule's tf32x3 products can take: "project" and "update" as its precision says, where some
     product is at least MIN in every dimension (an aggregate with columns right of it, or a panel that wide); an
     update in tf32x3 also takes the aggregates' merges ((VT)^T by the update kernel, and G by the gram kernel where
     their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel also serves
-    an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_parts), whatever the update."""
+    an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_parts), whatever the update. The
+    aggregates whose projections apply T (t_fused; not in keep plans) take the _t kernels (instead, up to 64 rows)."""
     p, aggs = schedule.precision, aggregates(schedule)
-    # the projections' rows: each aggregate's width where columns lie right of it, each panel's that the kernels take
-    widths = {a.a1 - a.a0 for a in aggs if a.nc > 0} | {w.width for w in schedule.panels if w.width >= MIN}
+    fused = {i for i, a in enumerate(aggs) if a.nc > 0 and t_fused(schedule, a, keep)}
+    # the projections' rows: each aggregate's width where columns lie right of it (a fused one's past 64 rows too:
+    # t_fills may leave it unfused), each panel's that the kernels take
+    widths = ({a.a1 - a.a0 for i, a in enumerate(aggs)
+               if a.nc > 0 and (i not in fused or a.a1 - a.a0 > CONFIGS["project64"]["bm"])}
+              | {w.width for w in schedule.panels if w.width >= MIN})
     projects = set().union(*(project_kinds(w) for w in widths if w >= MIN)) if p.project == "tf32x3" else set()
+    projects |= {t_kind(kind, aggs[i].a1 - aggs[i].a0) for i in fused for kind in project_kinds(aggs[i].a1 - aggs[i].a0)}
     wide = any(a.a1 - a.a0 >= MIN for a in aggs)  # a G the kernels take
-    return tuple(kind for kind, used in (("project", "project" in projects), ("project64", "project64" in projects),
-                                         ("update", p.update == "tf32x3" and bool(widths or aggs)),
-                                         ("gram", p.gram == "fp32" and wide))
-                 if used)
+    used = projects | ({"update"} if p.update == "tf32x3" and (widths or aggs) else set()) | (
+        {"gram"} if p.gram == "fp32" and wide else set())
+    return tuple(kind for kind in CONFIGS if kind in used)
 
 
 def q_precision(width: int) -> str:
@@ -185,7 +227,7 @@ def without_idle(schedule):
     products run in fp32 through cuBLAS either way), written as what they are, so that the tuner measures such
     points once."""
     p, used = schedule.precision, kinds(schedule)
-    project = "fp32" if p.project == "tf32x3" and not {"project", "project64"} & set(used) else p.project
+    project = "fp32" if p.project == "tf32x3" and not {k for k in used if k.startswith("project")} else p.project
     update = "fp32" if p.update == "tf32x3" and "update" not in used else p.update
     if (project, update) == (p.project, p.update):
         return schedule
@@ -195,4 +237,4 @@ def without_idle(schedule):
 def render(spec: KernelSpec, schedule, target) -> Rendered:
     template = environment().get_template(f"{target.record.template_dir}/tf32x3.cu.j2")
     return Rendered(spec.name, template.render(version=__version__, arch=target.arch, name=spec.name,
-                                               **CONFIGS[spec.kind]))
+                                               **{"t_fused": False, **CONFIGS[spec.kind]}))

@@ -151,10 +151,11 @@ class CudaEngine:
             self.streams.wait_mark()
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-             precision, via="cublas", side=False):
+             precision, via="cublas", side=False, t=None):
         """Row-major C = alpha op(A) op(B) + beta C per matrix, as column-major cuBLAS computes C^T; via "rowsplit":
         a panel's projection (W = Z^T C) or update (C -= V W) by the rowsplit kernels. `side`: on the side lane (its
-        own cuBLAS handle and workspace: the two streams' GEMMs run at once), where the plan has two streams."""
+        own cuBLAS handle and workspace: the two streams' GEMMs run at once), where the plan has two streams. t: an
+        aggregate's projection W = T^T Z^T C by a _t kernel (T's buffer, offset, ld and stride; plan.t_fused)."""
         stop = self._mark(stage, None)
         if via == "rowsplit":
             self._split(stage, rows, cols, depth, a, lda, sa, b, ldb, sb, c, ldc, sc)
@@ -172,11 +173,14 @@ class CudaEngine:
         if precision == "tf32x3":
             parts = self._w_parts(stage, rows, cols, depth, c, side)
             if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                                side, parts):
+                                side, parts, t):
                 if parts > 1:
                     self._add_parts(c, rows * ldc, parts, sc)
                 self._done(stop)
                 return
+            if t is not None:
+                raise RuntimeError("an aggregate's projection with T that the tf32x3 kernels do not take "
+                                   "(tf32x3.t_fused admitted it)")
             precision = "fp32"  # products the tf32x3 kernels do not take (thin or not 16-byte aligned): cuBLAS fp32
         cublas.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
                     depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
@@ -185,23 +189,28 @@ class CudaEngine:
         self._done(stop)
 
     def tf32x3_gemm(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
-               parts=1):
+               parts=1, t=None):
         """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
         A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
         dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise.
-        parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_parts, with beta 0)."""
+        parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_parts, with beta 0).
+        t: then C = T^T C by the _t kernel's epilogue (tf32x3.t_fused's aggregates, which its kernels take)."""
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
         route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb * parts,
                              0 if self.fac.schedule.lookahead else self.ws.sms)
         if route is None:
             return False
-        kind, _ = route
+        kind, signature, extra = route[0], tf32x3.SIGNATURE, ()
+        if t is not None:
+            kind, signature = tf32x3.t_kind(kind, rows), tf32x3.T_SIGNATURE
+            extra = (self.ptrs[t[0]] + 4 * t[1], t[2], t[3])
         cfg = tf32x3.CONFIGS[kind]
         _, func = self.funcs[tf32x3.name(kind)]
         for da, dc, piece, grid in tf32x3.launches(kind, rows, cols, self.nb * parts, lda, ldc):  # one below 4M rows
-            self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), tf32x3.SIGNATURE,
+            self.launch(func, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), signature,
                         (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc, sc, piece, cols, depth,
-                         alpha, beta, parts, self.ws.chunk * sc), self.streams.side.ptr if side else self.stream_ptr)
+                         alpha, beta, parts, self.ws.chunk * sc) + extra,
+                        self.streams.side.ptr if side else self.stream_ptr)
         return True
 
     def _w_parts(self, stage, rows, cols, depth, c, side) -> int:

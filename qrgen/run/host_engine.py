@@ -77,7 +77,7 @@ class HostKernelEngine(NumpyEngine):
         self.kernels[tmat.NAME](args, self.nb, tmat.threads(a), tmat.shared_bytes(a), *self.turns)
 
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-              precision, via):
+              precision, via, t=None):
         """A panel's own products by the rowsplit kernels where the schedule says so (as run/cuda_engine's _split),
         the other products in NumPy."""
         if via != "rowsplit":
@@ -85,7 +85,7 @@ class HostKernelEngine(NumpyEngine):
             parts = (min(self.w_parts, tf32x3.project_parts(rows, cols, depth, self.nb, self.sms))
                      if stage == "project" and c[0] == "w" and self.w_parts > 1 else 1)
             if precision == "tf32x3" and self._tf32x3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb,
-                                                      sb, beta, c, ldc, sc, parts):
+                                                      sb, beta, c, ldc, sc, parts, t):
                 if parts > 1:
                     flat, n = self.buffers["w"].reshape(-1), rows * ldc
                     for b0 in range(self.nb):
@@ -95,6 +95,7 @@ class HostKernelEngine(NumpyEngine):
                             flat[at:at + n] += flat[part:part + n]
                     self.log.append(("parts", stage, parts))
                 return
+            assert t is None, "a projection with T that the tf32x3 kernels do not take"
             return super()._gemm(stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c,
                                  ldc, sc, "fp32" if precision == "tf32x3" else precision, via)
         tiles = -(-cols // 32)
@@ -112,7 +113,7 @@ class HostKernelEngine(NumpyEngine):
                                                         rowsplit.THREADS, 0, *self.turns)
 
     def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                parts=1) -> bool:
+                parts=1, t=None) -> bool:
         """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part; K in `parts`
         parts written nb * sc floats apart; rows in tf32x3.launches' pieces); False where it does not (cuBLAS fp32's
         there, NumPy's here)."""
@@ -121,11 +122,14 @@ class HostKernelEngine(NumpyEngine):
                              0 if self.fac.schedule.lookahead else self.sms)
         if route is None:
             return False
-        kind, _ = route
+        kind, signature, extra = route[0], tf32x3.SIGNATURE, ()
+        if t is not None:  # T applied in the epilogue, as run/cuda_engine's
+            kind, signature = tf32x3.t_kind(kind, rows), tf32x3.T_SIGNATURE
+            extra = (self._address(t[0], t[1]), t[2], t[3])
         cfg = tf32x3.CONFIGS[kind]
         for da, dc, piece, grid in tf32x3.launches(kind, rows, cols, self.nb * parts, lda, ldc):
-            args = PackedArgs(tf32x3.SIGNATURE, (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc,
-                                                 sc, piece, cols, depth, alpha, beta, parts, self.nb * sc))
+            args = PackedArgs(signature, (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc,
+                                          sc, piece, cols, depth, alpha, beta, parts, self.nb * sc) + extra)
             self.kernels[tf32x3.name(kind)](args, grid, tf32x3.threads(cfg), tf32x3.shared_bytes(cfg), *self.turns)
         return True
 

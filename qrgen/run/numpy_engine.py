@@ -176,14 +176,14 @@ class NumpyEngine:
                 item[0](*item[1])
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-             precision, via="cublas", side=False):
+             precision, via="cublas", side=False, t=None):
         args = (stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                precision, via)
+                precision, via) + ((t,) if t else ())
         if side:
             self.held.append((self._gemm, args))
         else:
             self._gemm(*args)
-        self.log.append(("gemm", stage, precision, via) + (("side",) if side else ()))
+        self.log.append(("gemm", stage, precision, via) + (("side",) if side else ()) + (("t",) if t else ()))
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
         """The fused kernel: W = Z^T C in fp32, then C -= V W (W never leaves the kernel)."""
@@ -213,7 +213,7 @@ class NumpyEngine:
         mc[...] = mc - product(np.ascontiguousarray(vt.transpose(0, 2, 1)), wmat, precision)
 
     def _gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-              precision, via):
+              precision, via, t=None):
         ma = self._matrix(a[0], a[1], sa, depth if trans_a else rows, rows if trans_a else depth, lda)
         mb = self._matrix(b[0], b[1], sb, cols if trans_b else depth, depth if trans_b else cols, ldb)
         mc = self._matrix(c[0], c[1], sc, rows, cols, ldc)
@@ -221,6 +221,9 @@ class NumpyEngine:
         opb = mb.transpose(0, 2, 1) if trans_b else mb
         prod = product(np.ascontiguousarray(opa), np.ascontiguousarray(opb), precision)
         mc[...] = alpha * prod + (beta * mc if beta else 0.0)
+        if t:  # an aggregate's projection with its T applied (the _t kernels' epilogue): W = T^T (Z^T C)
+            tm = self._matrix(t[0], t[1], t[3], rows, rows, t[2])
+            mc[...] = product(np.ascontiguousarray(tm.transpose(0, 2, 1)), np.ascontiguousarray(mc), precision)
         if via == "rowsplit":  # the rowsplit kernels' two patterns only (fp32 FMAs, summed in another order)
             assert precision == "fp32" and ((stage, trans_a, alpha, beta) == ("project", False, 1.0, 0.0) or
                                             (stage, trans_a, alpha, beta) == ("update", True, -1.0, 1.0))

@@ -24,7 +24,7 @@ def drive(fac, engine) -> None:
     stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate
     (through cuBLAS, the rowsplit kernels or the fused kernel, as the schedule's panel_update says).
     After an aggregate's last panel: G = V^T V, T from G and tau, (V T)^T, then the same two products on the
-    columns right of the aggregate. With the schedule's lookahead those products are two pairs: the next
+    columns right of the aggregate (for the plan's t_fused aggregates no (V T)^T: the projection applies T). With the schedule's lookahead those products are two pairs: the next
     aggregate's columns first, then (engine.fork: on a side stream that waits for everything queued so far) the
     columns past it; the next aggregate's panels, G, T and (V T)^T run meanwhile, and engine.join (the main
     stream waits for the side stream) comes before anything touches those columns again.
@@ -60,10 +60,11 @@ def drive(fac, engine) -> None:
         return engine.nb * fac.kept[owner[index] if aggs else index].offset
 
     def products(z, zld, zs, v, vld, vs, width, rows, col, nc, w, project, update, how="cublas", side=False,
-                 own=False):
+                 own=False, t=None):
         """W = Z^T C, then C -= V W, on the nc columns of h from offset `col` (rows from the panel's first); own: a
         panel's own products, which SkipStages leaves out for the pseudo-stage "own" (profiling); how "apply": an
-        aggregate's, by the apply3 kernel where the plan has one that takes them, else as the two GEMMs."""
+        aggregate's, by the apply3 kernel where the plan has one that takes them, else as the two GEMMs; t: T's
+        (buffer, offset, ld, stride), applied by the projection, W = T^T Z^T C (Z = V^T: plan.t_fused)."""
         if own and "own" in getattr(engine, "skip", ()):
             return
         if how == "apply":
@@ -75,7 +76,7 @@ def drive(fac, engine) -> None:
             return
         c = ("h", col)
         engine.gemm("project", False, False, width, nc, rows, 1.0, z, zld, zs, c, n, m * n, 0.0, (w, 0), nc,
-                    sizes.w, project, via=how, side=side)
+                    sizes.w, project, via=how, side=side, **({"t": t} if t else {}))
         engine.gemm("update", True, False, rows, nc, width, -1.0, v, vld, vs, (w, 0), nc, sizes.w, 1.0, c, n,
                     m * n, update, via=how, side=side)
 
@@ -122,6 +123,11 @@ def drive(fac, engine) -> None:
         engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
                     0.0, ("gram", 0), a, sizes.gram, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram, side=reach)
         engine.tmat(agg, side=reach)
+        if (i in fac.plan.t_fused and engine.nb <= tf32x3.GRID_YZ  # the projection applies T: no (VT)^T
+                and tf32x3.t_fills(a, agg.nc, rows, engine.nb, engine.sms)):
+            products(vt_at, rows, vbs, vt_at, rows, vbs, a, rows, agg.a0 * n + agg.a1, agg.nc, "w", prec.project,
+                     prec.update, t=("tmat", 0, a, sizes.gram))
+            continue
         engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("tmat", 0), a, sizes.gram, vt_at, rows, vbs,
                     0.0, zg_at, rows, zg_bs, "tf32x3" if merge3 else "fp32", side=reach)
         if agg.nc == 0:  # a keep plan's last aggregate: merged for Q only

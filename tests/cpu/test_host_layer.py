@@ -458,3 +458,28 @@ def test_the_host_layer_replaces_only_the_dialect_and_feature_headers():
     code = host.source(spec, schedule, TARGET)
     body = code.split("namespace qrl {", 1)[1]
     assert gpu in code and "__syncwarp" not in body and "asm(" not in body and "asm volatile" not in body
+
+
+@pytest.mark.parametrize("aggregate", [64, 96])
+def test_aggregates_projections_apply_t_on_the_cpu(aggregate, monkeypatch):
+    """tf32x3.t_fused: an aggregate's projection W = T^T (V^T C) by a _t kernel (its epilogue applies T: 64-row tiles
+    for 64 reflectors, 128-row tiles for 96), no (VT)^T formed; R within rounding of the same schedule with (VT)^T
+    formed, every stress family within the gates."""
+    from qrgen.plan import tf32x3
+
+    schedule = Schedule(384, 320, (Panel(32, "rows", 256),) * 10, Precision("fp32", "tf32x3", "tf32x3"),
+                        aggregate=aggregate)
+    fac = host_engine.CpuFactorizer(schedule, target=TARGET)
+    # (of 96: the third aggregate has 32 columns right of it, fewer than the kernels take: (VT)^T formed there)
+    assert fac.plan.t_fused == ((0, 1, 2, 3) if aggregate == 64 else (0, 1))
+    assert {k.kind for k in fac.kernels if k.kind and k.kind.endswith("_t")} == {
+        "project64_t" if aggregate == 64 else "project_t"}
+    a = mixed(384, 320, len(FAMILIES), seed=4)[0]
+    monkeypatch.setattr(tf32x3, "t_fills", lambda *args: True)  # (of 96 on ten matrices the grid is small)
+    h, tau = host_engine.geqrf(a, schedule, TARGET)
+    r = check(a, h, tau)
+    assert r.ok, (float(np.max(r.factor)), float(np.max(r.orthogonality)))
+    monkeypatch.setattr(tf32x3, "t_fused", lambda *args, **kwargs: False)
+    h0, tau0 = host_engine.geqrf(a, schedule, TARGET)
+    scale = np.abs(np.triu(h0)).max(axis=(1, 2))
+    assert (np.abs(np.triu(h) - np.triu(h0)).max(axis=(1, 2)) <= 1e-3 * scale).all()

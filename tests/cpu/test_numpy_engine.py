@@ -105,11 +105,12 @@ def test_fused_panel_products():
 
 
 @pytest.mark.parametrize("m,n,aggregate,lookahead", [(320, 256, 64, 0), (320, 320, 128, 2), (1400, 256, 64, 0)])
-def test_fused_aggregate_products(m, n, aggregate, lookahead):
+def test_fused_aggregate_products(m, n, aggregate, lookahead, monkeypatch):
     """aggregate_update "fused": each aggregate's W = (VT)^T C and C -= V W as one apply3 launch where its shared
     memory holds the aggregate's rows (the two tf32x3 GEMMs elsewhere), h and tau bit for bit the two-GEMM
-    schedule's (the same products, W rounded to fp32 between); saved and loaded with the schedule; refused without
-    aggregates or tf32x3 products."""
+    schedule's with (VT)^T formed (the same products, W rounded to fp32 between; T not applied by the projection:
+    tf32x3.t_fused off); saved and loaded with the schedule; refused without aggregates or tf32x3 products."""
+    monkeypatch.setattr(tf32x3, "t_fused", lambda *args, **kwargs: False)
     gemm = _uniform(m, n, 32, aggregate=aggregate, precision=Precision("fp32", "tf32x3", "tf32x3"),
                     lookahead=lookahead)
     if m > 1024:  # the default's panels (lanes on clusters)

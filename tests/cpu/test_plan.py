@@ -157,26 +157,40 @@ TF32X3_PANELS = tuple(Panel(32, "rows", 64) for _ in range(8))
 def test_tf32x3_products_plan_and_render():
     """A schedule whose products are tf32x3 brings the tf32x3 kernels (only the stages that ask); an fp32 Gram
     matrix of aggregates brings the gram kernel whatever the products (G in tf32x3 where an update in tf32x3 takes
-    the merge, or in parts for few matrices: run/buffers.gram_parts). (Their compilation: tests/compile.)"""
+    the merge, or in parts for few matrices: run/buffers.gram_parts). An aggregate's tf32x3 projection applies its
+    T (tf32x3.t_fused: the _t kernels, 128-row tiles past 64 rows), except in qr's keep plans and beside a
+    lookahead. (Their compilation: tests/compile.)"""
     names = {}
     for project, update in (("fp32", "fp32"), ("tf32x3", "fp32"), ("tf32x3", "tf32x3")):
         schedule = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", project, update), aggregate=128)
         names[update] = [k.name for k in plan(schedule).kernels if k.variant == "tf32x3"]
         if project == "fp32":
-            assert names[update] == ["qr_tf32x3_gram"]
-        if update == "fp32" and project == "tf32x3":  # aggregates of 128: both projection tiles (project_kind)
-            assert names[update] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_gram"]
-    assert names["tf32x3"] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"]
+            assert names[update] == ["qr_tf32x3_gram"] and plan(schedule).t_fused == ()
+        if update == "fp32" and project == "tf32x3":  # (and both plain projection tiles: tf32x3.t_fills)
+            assert names[update] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_gram",
+                                     "qr_tf32x3_project_t"] and plan(schedule).t_fused == (0,)
+    assert names["tf32x3"] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram",
+                               "qr_tf32x3_project_t"]
+    # qr's keep plan and a lookahead: (VT)^T formed, both projection tiles (project_kind)
+    ahead = dataclasses.replace(schedule, lookahead=1)
+    for p in (plan(schedule, keep=True), plan(ahead)):
+        assert [k.name for k in p.kernels if k.variant == "tf32x3"] == [
+            "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"] and p.t_fused == ()
     # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
     one = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
     assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_tf32x3_update", "qr_tf32x3_gram"]
     # aggregates of 64: their projections on the 64-row tiles (tf32x3.project_kind), the 128-row kernel not built
     by64 = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
     assert [k.name for k in plan(by64).kernels if k.variant == "tf32x3"] == [
+        "qr_tf32x3_update", "qr_tf32x3_gram", "qr_tf32x3_project64_t"]
+    assert [k.name for k in plan(by64, keep=True).kernels if k.variant == "tf32x3"] == [
         "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"]
-    items = dict((r.name, r.source) for s in (schedule, by64) for r in render_all(s, SM90) if "tf32x3" in r.name)
+    items = dict((r.name, r.source) for s in (schedule, by64, ahead) for r in render_all(s, SM90)
+                 if "tf32x3" in r.name)
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in next(iter(items.values()))
     assert "#define BM 64" in items["qr_tf32x3_project64"] and "#define BM 128" in items["qr_tf32x3_project"]
+    assert "#define BM 64" in items["qr_tf32x3_project64_t"] and "#define BM 128" in items["qr_tf32x3_project_t"]
+    assert "long long st)" in items["qr_tf32x3_project_t"] and "long long ss)" in items["qr_tf32x3_project"]
 
 
 def test_lanes_panels_and_gram_precision():
@@ -379,7 +393,8 @@ def test_packed_launch_arguments_match_the_kernels_signatures():
         kernels = {k.name: k for k in plan(schedule).kernels}
         for rendered in render_all(schedule, SM90):
             variant = kernels[rendered.name].variant
-            packed = tuple(CTYPES[code] for code in expected[variant])
+            code = tf32x3.signature(kernels[rendered.name]) if variant == "tf32x3" else expected[variant]
+            packed = tuple(CTYPES[c] for c in code)
             assert _signature(rendered.source, rendered.name) == packed, rendered.name
             seen.add(variant)
     assert seen == set(expected)
@@ -388,7 +403,8 @@ def test_packed_launch_arguments_match_the_kernels_signatures():
 @pytest.mark.parametrize("arch,most", [("sm_80", 128), ("sm_90", 256), ("sm_86", 64), ("sm_89", 64), ("sm_120", 64)])
 def test_t_kernel_and_aggregates_fit_the_target(arch, most):
     """GPUs of 99 KB of shared memory a block take T of at most 64 reflectors: the T kernel asks for no more, the
-    default schedules aggregate at most that many columns, and the planner refuses wider aggregates there."""
+    default schedules aggregate at most that many columns (so their kernels fit), and the planner refuses wider
+    aggregates there."""
     from dataclasses import replace
 
     target = Target("cuda", arch)
@@ -398,10 +414,26 @@ def test_t_kernel_and_aggregates_fit_the_target(arch, most):
         schedule = default_schedule(Problem(m, n, batch), target)
         assert schedule.widest_aggregate <= most
         check(schedule, target)
+        # every kernel of the plan within the block's shared memory (the projections' _t kernels: W's tile and T)
+        assert all(k.shared_bytes <= target.limits.shared_bytes for k in plan(schedule, target).kernels)
     wide = replace(default_schedule(Problem(1024, 1024, 8), SM90), aggregate=128)
     if most < 128:
         with pytest.raises(ValueError, match="T kernel takes at most 64"):
             check(wide, Target("cuda", arch))
+
+
+def test_aggregates_apply_t_in_their_projections_where_the_grid_fills_the_gpu():
+    """tf32x3.t_fills: an aggregate of at most 64 reflectors always applies T in its projection (the same tiles); a
+    wider one where the _t kernel's 128-row tiles, K in parts, give at least half as many blocks as SMs (else its
+    merge forms (VT)^T and the plain projection takes 64-row tiles)."""
+    from qrgen.plan import tf32x3
+
+    fills = tf32x3.t_fills
+    assert fills(64, 64, 64, 1, 132)  # one 64 x 64 tile: as many blocks either way
+    assert not fills(128, 172, 300, 7, 132)  # 7 x 300²'s first aggregate: 3 x 7 = 21 blocks
+    assert fills(128, 128, 256, 40, 132) and fills(128, 224, 352, 40, 132)  # 80 and 160 blocks
+    assert fills(128, 384, 300000, 1, 132)  # one tall matrix: K in 22 parts, 132 blocks
+    assert not fills(128, 384, 256, 1, 132)  # K too short to split: 3 blocks
 
 
 def test_the_engines_route_a_product_to_the_tf32x3_and_apply3_kernels_by_one_rule():
