@@ -271,7 +271,7 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
         if not a.nc:  # (the last aggregate: nothing to its right, so no merge)
             continue
         width, r = a.a1 - a.a0, a.rows
-        fused_t = i in fac.plan.t_fused  # no (V T)^T: the projection applies T (W = T^T V^T C)
+        fused_t = i in fac.plan.t_fused  # no (V T)^T: the projection applies T (the plan's rule, not t_fills')
         merge[gram] = merge.get(gram, 0.0) + 1.0 * r * width * width  # G's upper half
         if fused_t:
             agg[prec.project] = agg.get(prec.project, 0.0) + 1.0 * width * width * a.nc  # T^T (V^T C), T triangular

@@ -208,7 +208,8 @@ def kinds(schedule, keep: bool = False) -> tuple[str, ...]:
                if a.nc > 0 and (i not in fused or a.a1 - a.a0 > CONFIGS["project64"]["bm"])}
               | {w.width for w in schedule.panels if w.width >= MIN})
     projects = set().union(*(project_kinds(w) for w in widths if w >= MIN)) if p.project == "tf32x3" else set()
-    projects |= {t_kind(kind, aggs[i].a1 - aggs[i].a0) for i in fused for kind in project_kinds(aggs[i].a1 - aggs[i].a0)}
+    projects |= {t_kind(kind, aggs[i].a1 - aggs[i].a0) for i in fused
+                 for kind in project_kinds(aggs[i].a1 - aggs[i].a0)}
     wide = any(a.a1 - a.a0 >= MIN for a in aggs)  # a G the kernels take
     used = projects | ({"update"} if p.update == "tf32x3" and (widths or aggs) else set()) | (
         {"gram"} if p.gram == "fp32" and wide else set())

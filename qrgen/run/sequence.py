@@ -24,7 +24,8 @@ def drive(fac, engine) -> None:
     stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate
     (through cuBLAS, the rowsplit kernels or the fused kernel, as the schedule's panel_update says).
     After an aggregate's last panel: G = V^T V, T from G and tau, (V T)^T, then the same two products on the
-    columns right of the aggregate (for the plan's t_fused aggregates no (V T)^T: the projection applies T). With the schedule's lookahead those products are two pairs: the next
+    columns right of the aggregate (for the plan's t_fused aggregates whose grid fills the GPU, tf32x3.t_fills, no
+    (V T)^T: the projection applies T). With the schedule's lookahead those products are two pairs: the next
     aggregate's columns first, then (engine.fork: on a side stream that waits for everything queued so far) the
     columns past it; the next aggregate's panels, G, T and (V T)^T run meanwhile, and engine.join (the main
     stream waits for the side stream) comes before anything touches those columns again.
