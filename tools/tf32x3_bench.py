@@ -27,10 +27,10 @@ from qrgen.targets import Target
 from qrgen.version import __version__
 from tools import cases
 
-TEMPLATE = "gemm3.cu.j2"  # the template plan/tf32x3.render renders, in the target's template folder
+TEMPLATE = "tf32x3.cu.j2"  # the template plan/tf32x3.render renders, in the target's template folder
 # Tiles bm x bn of bk per step, warps wm x wn, steps in flight, resident blocks per SM asked of the compiler.
 CONFIGS = {**{kind: {k: v for k, v in cfg.items() if k not in ("a_mcontig", "upper_only")}
-              for kind, cfg in tf32x3.CONFIGS.items()},
+              for kind, cfg in tf32x3.CONFIGS.items() if not cfg.get("t_fused")},  # (the _t kernels take T too)
            "128 k32 s3": dict(bm=128, bn=128, bk=32, wm_warps=2, wn_warps=4, stages=3, min_blocks=1),
            "128 k16 s4 x2": dict(bm=128, bn=128, bk=16, wm_warps=2, wn_warps=4, stages=4, min_blocks=2),
            "128x64 k32 s3": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2),
@@ -50,7 +50,7 @@ SHAPES = [("1024² project", 60, 128, 896, 768, False, False), ("1024² update",
 
 
 def config(label: str, a_mcontig: bool) -> dict:
-    return {"b_kcontig": False, **CONFIGS[label], "a_mcontig": a_mcontig, "upper_only": False}
+    return {"b_kcontig": False, "t_fused": False, **CONFIGS[label], "a_mcontig": a_mcontig, "upper_only": False}
 
 
 def build(label: str, a_mcontig: bool, target: Target):
