@@ -169,6 +169,7 @@ def t_fused(schedule, agg, keep: bool = False) -> bool:
             and all(v % 4 == 0 for v in (schedule.m, schedule.n, agg.a0, agg.a1)))
 
 
+@functools.lru_cache(maxsize=4096)  # (asked for every aggregate of every call)
 def t_fills(rows: int, cols: int, depth: int, matrices: int, sms: int) -> bool:
     """Whether a t_fused aggregate's projection (`rows` reflectors, `cols` columns, K = depth) takes its _t kernel
     for `matrices` matrices on `sms` SMs: always at most 64 reflectors (the same tiles as the plain projection's);
@@ -185,6 +186,12 @@ def t_kind(kind: str, rows: int) -> str:
     """The _t kernel for a projection of `rows` rows that route gave `kind`: 128-row tiles past 64 rows (its epilogue
     needs every row of W in its block)."""
     return ("project" if rows > CONFIGS[kind]["bm"] else kind) + "_t"
+
+
+def kernel_for(kind: str, rows: int, t: bool) -> tuple[str, str]:
+    """(kernel kind, argument signature) of a product of `rows` rows that route gave `kind`: its _t kernel (t_kind,
+    T_SIGNATURE) where it applies T, else the kernel itself (the engines' launches)."""
+    return (t_kind(kind, rows), T_SIGNATURE) if t else (kind, SIGNATURE)
 
 
 def project_kinds(rows: int) -> set[str]:

@@ -200,10 +200,8 @@ class CudaEngine:
                              0 if self.fac.schedule.lookahead else self.ws.sms)
         if route is None:
             return False
-        kind, signature, extra = route[0], tf32x3.SIGNATURE, ()
-        if t is not None:
-            kind, signature = tf32x3.t_kind(kind, rows), tf32x3.T_SIGNATURE
-            extra = (self.ptrs[t[0]] + 4 * t[1], t[2], t[3])
+        kind, signature = tf32x3.kernel_for(route[0], rows, t is not None)
+        extra = () if t is None else (self.ptrs[t[0]] + 4 * t[1], t[2], t[3])
         cfg = tf32x3.CONFIGS[kind]
         _, func = self.funcs[tf32x3.name(kind)]
         for da, dc, piece, grid in tf32x3.launches(kind, rows, cols, self.nb * parts, lda, ldc):  # one below 4M rows

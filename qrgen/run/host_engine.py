@@ -122,10 +122,8 @@ class HostKernelEngine(NumpyEngine):
                              0 if self.fac.schedule.lookahead else self.sms)
         if route is None:
             return False
-        kind, signature, extra = route[0], tf32x3.SIGNATURE, ()
-        if t is not None:  # T applied in the epilogue, as run/cuda_engine's
-            kind, signature = tf32x3.t_kind(kind, rows), tf32x3.T_SIGNATURE
-            extra = (self._address(t[0], t[1]), t[2], t[3])
+        kind, signature = tf32x3.kernel_for(route[0], rows, t is not None)  # (T applied: as run/cuda_engine's)
+        extra = () if t is None else (self._address(t[0], t[1]), t[2], t[3])
         cfg = tf32x3.CONFIGS[kind]
         for da, dc, piece, grid in tf32x3.launches(kind, rows, cols, self.nb * parts, lda, ldc):
             args = PackedArgs(signature, (ptrs[0] + 4 * da, lda, sa, ptrs[1], ldb, sb, ptrs[2] + 4 * dc, ldc,

@@ -178,7 +178,7 @@ class NumpyEngine:
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
              precision, via="cublas", side=False, t=None):
         args = (stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                precision, via) + ((t,) if t else ())
+                precision, via, t)
         if side:
             self.held.append((self._gemm, args))
         else:
