@@ -538,9 +538,8 @@ struct ColsPanel {
   // the next reflector comes from is updated and its norm reduced before this reflector reaches own columns
   // I+2..S-1, and a fence keeps ptxas from hoisting those updates ahead of the publication: the chain from one
   // reflector to the next holds two reductions, and the other updates issue while their shuffles are in flight.
-  // TRAIL without WY: then its row of V^T.
   template <int I>
-  __device__ __forceinline__ void produce(float* __restrict__ vt) {
+  __device__ __forceinline__ void produce() {
     const int col = (g * WARPS + warp) * S + I;
     if constexpr (!FULL) {
       if (col >= NB) return;
@@ -552,7 +551,7 @@ struct ColsPanel {
       const int r = s * 32 + lane;
       v[s] = below(s, r, col) ? x[s][I] * f.scale : (on(s, r, col) ? 1.0f : 0.0f);
       x[s][I] = below(s, r, col) ? v[s] : (on(s, r, col) ? f.beta : x[s][I]);
-      vs[slot(col) * RS + r] = r < mp ? v[s] : 0.0f;
+      vs[slot(col) * RS + r] = v[s];  // zero from row mp on, as the column there (load) and NB <= mp
     }
     if (lane == 0) taus[col] = f.tau;
     mbar_arrive_first(bars + col);
@@ -564,7 +563,7 @@ struct ColsPanel {
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           const int r = s * 32 + lane;
-          push_peer_at(peer[p], vs, vs + col * RS + r, r < mp ? v[s] : 0.0f, bars + col);
+          push_peer_at(peer[p], vs, vs + col * RS + r, v[s], bars + col);
         }
         if (lane == 0) push_peer_at(peer[p], vs, taus + col, f.tau, bars + col);
       }
@@ -579,22 +578,23 @@ struct ColsPanel {
       for (int s = 0; s < SLOTS; ++s) x[s][k] = fmaf(-d, v[s], x[s][k]);
       if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);
     }
-    // TRAIL without WY: V^T's row from the column (below the diagonal it is v), so that v is not held past the
-    // updates
-    if constexpr (TRAIL && !WY) {
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        const int r = s * 32 + lane;
-        const float vr = below(s, r, col) ? x[s][I] : (on(s, r, col) ? 1.0f : 0.0f);
-        if (r < mp) vt[(size_t)b * vbs + (size_t)col * vld + r] = vr;
-      }
+  }
+
+  // TRAIL without WY: this warp's rows of V^T from its reflectors in shared memory, once it has published them all,
+  // so that the stores and their row tests are off the column chain.
+  __device__ __forceinline__ void write_vt(float* __restrict__ vt, const int own) const {
+    for (int k = 0; k < own; ++k) {
+      const int col = (g * WARPS + warp) * S + k;
+      const float* from = vs + slot(col) * RS;
+      float* to = vt + (size_t)b * vbs + (size_t)col * vld;
+      for (int r = lane; r < mp; r += 32) to[r] = from[r];  // rolled: the columns are still held in registers
     }
   }
 
   template <int I>
-  __device__ __forceinline__ void produce_all(float* __restrict__ vt) {
-    produce<I>(vt);
-    if constexpr (I + 1 < S) produce_all<I + 1>(vt);
+  __device__ __forceinline__ void produce_all() {
+    produce<I>();
+    if constexpr (I + 1 < S) produce_all<I + 1>();
   }
 
   // This warp's columns (own of them: S, fewer in the panel's last, or none) from sb, rows ld floats apart (zeros
@@ -637,7 +637,8 @@ struct ColsPanel {
       if (g > 0 && own == 0) block_barrier();  // consume_all's barrier, for a warp that applies no reflector
     }
     column_norm<0>(gw * S, sigma, alpha);
-    produce_all<0>(vt);
+    produce_all<0>();
+    if constexpr (TRAIL && !WY) write_vt(vt, own);
     block_barrier();
   }
 
