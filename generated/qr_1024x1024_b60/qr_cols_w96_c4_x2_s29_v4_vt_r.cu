@@ -427,6 +427,10 @@ struct ColsPanel {
   // more, the blocks the tests make are faster, or the one block spills.
   static constexpr bool FULL = S <= FULL_SLICE && SLOTS <= FULL_SLOTS && NB % S == 0 && (NB / S) % BLOCKS == 0;
   static_assert(S % 2 == 0, "consumers take their columns in pairs");
+  // Consumers leave the reflectors of a warp on their scheduler until it has published them all (consume_all), where
+  // a scheduler holds more than two of the block's warps; with two, the consumers would fall behind the producers
+  // (docs/decisions.md#cols-defer).
+  static constexpr bool DEFER = WARPS > 8;
 
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
   float* taus;                // [NB]
@@ -497,13 +501,20 @@ struct ColsPanel {
     }
   }
 
-  // Reflectors 32 J .. end - 1 (end: this warp's first column), slot by slot. REUSE: in the later block, once
-  // every warp has applied the earlier block's reflectors (the last at c + 1 == g * WARPS * S), a block barrier
-  // before any of them writes its own into the same slots (warps without columns meet it in run).
+  // Reflectors 32 J .. end - 1 (end: this warp's first column), slot by slot. DEFER: the reflectors of a warp of
+  // this block on this warp's scheduler (ranks that differ by a multiple of 4) wait until that warp has published its
+  // last, so that a producer does not share its scheduler with consumers of its own reflectors (needed here only at
+  // this warp's turn, four warps or more later). REUSE: in the later block, once every warp has applied the earlier
+  // block's reflectors (the last at c + 1 == g * WARPS * S), a block barrier before any of them writes its own into
+  // the same slots (warps without columns meet it in run).
   template <int J>
   __device__ __forceinline__ void consume_all(int end) {
     const int last = min(end, 32 * J + 32);
     for (int c = 32 * J; c < last; ++c) {
+      if constexpr (DEFER) {
+        const int q = c / S - g * WARPS;  // the warp of this block that produced reflector c, if any
+        if (c % S == 0 && q >= 0 && ((q ^ warp) & 3) == 0) mbar_wait(bars + min(c + S, NB) - 1, 0);
+      }
       consume<J>(c);
       if constexpr (REUSE) {
         if (g > 0 && c + 1 == g * WARPS * S) block_barrier();
