@@ -390,15 +390,16 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 
 // Panel QR with the panel's columns spread over the warps (the seed's block design). Warp w owns columns
 // [w*S, w*S + S): lane l keeps rows l, l + 32, ... of them in registers. Each warp first applies the reflectors
-// of the warps before it, in order, as they appear (consumer), then computes the reflectors of its own columns
-// (producer) and publishes each to shared memory with one mbarrier per reflector, so a producer never waits for
-// its consumers and no block-wide barrier is needed per column. Every reflector stays in shared memory.
+// of the warps before it, in order, as they appear (consumer; in blocks of more than 8 warps, those of a warp on
+// its own scheduler once that warp is done: DEFER), then computes the reflectors of its own columns (producer) and
+// publishes each to shared memory with one mbarrier per reflector, so a producer never waits for its consumers and
+// no block-wide barrier is needed per column. Every reflector stays in shared memory.
 // With BLOCKS > 1 the warps are spread over the blocks of one cluster (block g owns the columns of warps
 // g*WARPS .. g*WARPS + WARPS - 1): a producer also pushes each reflector and its tau into every later block's
 // shared memory (st.async, completing on that block's mbarrier of the reflector), so each SM issues for fewer
 // warps. TRAIL: the panel writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of
-// its own, prepared by the last block, which then holds every reflector. Without WY each producer writes its
-// reflectors' rows of V^T at once, and the panel's aggregate computes T in its merge.
+// its own, prepared by the last block, which then holds every reflector. Without WY each warp writes its
+// reflectors' rows of V^T after its last column, and the panel's aggregate computes T in its merge.
 
 // Producers without tests for columns past the panel (ColsPanel::FULL) up to this many rows a lane (in 32s) and
 // columns a warp (docs/decisions.md#cols-early).
