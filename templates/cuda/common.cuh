@@ -10,8 +10,8 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
       const bool upper = (lane & OFF) != 0;
 #pragma unroll
       for (int i = 0; i < NV / 2; ++i) {
-        const float send = upper ? v[i] : v[i + NV / 2];
-        const float keep = upper ? v[i + NV / 2] : v[i];
+        const float send = lane_select(upper, v[i], v[i + NV / 2]);
+        const float keep = lane_select(upper, v[i + NV / 2], v[i]);
         v[i] = keep + warp_shuffle_xor(send, OFF);
       }
       reduce_scatter<OFF / 2, NV / 2>(v, lane);

@@ -145,6 +145,7 @@ __device__ __forceinline__ unsigned atomic_max(unsigned* p, unsigned v) {
 __device__ __forceinline__ float rsqrt_normal(float x) { return 1.0f / std::sqrt(x); }
 __device__ __forceinline__ float rcp_normal(float x) { return 1.0f / x; }
 
+__device__ __forceinline__ float lane_select(bool p, float a, float b) { return p ? a : b; }
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return qrl::exchange(v, lane); }
 __device__ __forceinline__ float warp_shuffle_xor(float v, int mask) {
   return qrl::exchange(v, (qrl::G->current & 31) ^ mask);
