@@ -3,7 +3,7 @@ planning tests name, the compile tests build and the GPU tests run (cols and lan
 there."""
 import pytest
 
-from qrgen.schedule.model import Panel, Schedule
+from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.schedule.panels import lanes_panel, tsqr_panel
 
 
@@ -45,6 +45,10 @@ COLS_SCHEDULES = [
     # ... and two an aggregate: the first with products of its own ((VT)^T), the second V^T alone
     Schedule(300, 200, (Panel(64, "cols", 256, 2, 4, cluster=True), Panel(64, "cols", 512, 1, 4),
                         Panel(64, "cols", 256, 2, 4, cluster=True), Panel(8, "cols", 128, 1, 2)), aggregate=128),
+    # each panel its aggregate on one block, where the panel also forms G and T itself (KernelSpec.t_out): the
+    # projections apply T (tf32x3), or the merge forms (VT)^T from it (fp32), 8 and 4 columns a warp
+    Schedule(192, 192, (Panel(64, "cols", 256, 1, 8),) * 3, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64),
+    Schedule(256, 200, (Panel(64, "cols", 512, 1, 4),) * 3 + (Panel(8, "cols", 64, 1, 4),), aggregate=64),
     # taller than a block's shared memory holds every reflector of: the later block of the cluster reuses the slots
     # of the earlier block's reflectors; at 1,024 rows consumers stream each reflector from shared memory
     # (plan/cols.streams); aggregates of two widths

@@ -114,6 +114,15 @@ def shared_bytes(panel, rows: int, trail: bool, m: int, n: int) -> int:
 spec_shared = shared_bytes
 
 
+def t_out(panel, rows: int, target) -> bool:
+    """Whether a panel that is its aggregate forms G and T itself (ColsPanel's TOUT, docs/decisions.md#cols-t-out):
+    on one block, every warp with a whole slice, where G and T fit the target's shared memory beside every
+    reflector."""
+    s = slots(panel, rows)
+    return (panel.blocks == 1 and panel.width % panel.slice == 0 and not streams(s, panel.slice, panel.threads)
+            and shared_bytes_of(panel.width, s, True) <= target.limits.shared_bytes)
+
+
 def vec(panel, n: int, c0: int) -> int:
     return family.vec(n, c0, panel.width, panel.slice)
 
@@ -127,7 +136,8 @@ def spec_reuses(spec) -> bool:
 
 
 def name(spec) -> str:
-    suffix = (("_vt" if spec.vt_only else "_trail" if spec.trail else "") + ("_loop" if spec.loop else "")
+    suffix = (("_vtt" if spec.t_out else "_vt" if spec.vt_only else "_trail" if spec.trail else "")
+              + ("_loop" if spec.loop else "")
               + ("_st" if streams(spec.slots, spec.slice, spec.threads) else "") + ("_r" if spec_reuses(spec) else ""))
     return (f"qr_cols_w{spec.width}_c{spec.slice}{f'_x{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
             f"_v{spec.vec}{suffix}")

@@ -29,18 +29,25 @@ class PanelOutputs:
     nc: int  # columns right of the panel that its own two products update
     trail: bool  # it writes V^T
     vt_only: bool  # and no (VT)^T: no products of its own follow and its family can leave (VT)^T out
+    t_out: bool = False  # vt_only, and it writes its aggregate's T: the merge forms neither G nor T
 
 
-def panel_outputs(schedule, index: int, aggs: tuple, keep: bool = False) -> PanelOutputs:
+def panel_outputs(schedule, index: int, aggs: tuple, keep: bool = False, target: Target = Target()) -> PanelOutputs:
     """What panel `index` hands on. Its own products reach the end of its aggregate (or reach's), else the end of the
     matrix; it writes V^T where columns follow it or its aggregate (or for Q: keep), and (VT)^T only for products
-    of its own or, in a keep plan without aggregates, for Q (an aggregate's merge computes its own (VT)^T)."""
+    of its own or, in a keep plan without aggregates, for Q (an aggregate's merge computes its own (VT)^T). A panel
+    that is its aggregate, merged, also writes T where its family can (t_out) on the target: not with reach, whose
+    merges run beside the next aggregate's panels, which would overwrite T."""
     panel, c0 = schedule.panels[index], schedule.starts()[index]
     agg = next((a for a in aggs if a.first <= index <= a.last), None)
     nc = 0 if panel.variant == "whole" else (agg.c1 if agg else schedule.n) - c0 - panel.width
     trail = keep or nc > 0 or (agg is not None and agg.nc > 0)
     wy = nc > 0 or (keep and not aggs)
-    return PanelOutputs(agg, nc, trail, trail and not wy and panel_family(panel.variant).VT_ONLY)
+    fam = panel_family(panel.variant)
+    vt_only = trail and not wy and fam.VT_ONLY
+    alone = agg is not None and agg.first == agg.last == index and (agg.nc > 0 or keep) and not schedule.reach
+    t_out = vt_only and alone and getattr(fam, "t_out", None) is not None and fam.t_out(panel, schedule.m - c0, target)
+    return PanelOutputs(agg, nc, trail, vt_only, t_out)
 
 
 def resources(schedule, index: int, target: Target) -> PanelResources:
@@ -48,10 +55,15 @@ def resources(schedule, index: int, target: Target) -> PanelResources:
     panel = schedule.panels[index]
     rows = schedule.m - schedule.starts()[index]
     fam = panel_family(panel.variant)
-    out = panel_outputs(schedule, index, aggregates(schedule))
+    out = panel_outputs(schedule, index, aggregates(schedule), target=target)
     return PanelResources(rows, fam.slots(panel, rows), fam.registers(panel, rows),
                           register_cap(panel.threads, target.limits),
-                          fam.shared_bytes(panel, rows, out.trail and not out.vt_only, schedule.m, schedule.n))
+                          fam.shared_bytes(panel, rows, prepares(out), schedule.m, schedule.n))
+
+
+def prepares(out: PanelOutputs) -> bool:
+    """Whether a panel forms G and T in its kernel (their shared memory): for products of its own, or t_out."""
+    return (out.trail and not out.vt_only) or out.t_out
 
 
 def check_place(schedule, index: int, trail: bool) -> None:
@@ -71,7 +83,7 @@ def check(schedule, target: Target) -> None:
                          f"{tmat.max_reflectors(target)} on {target.arch} (its shared memory)")
     aggs = aggregates(schedule)
     for index, panel in enumerate(schedule.panels):
-        check_place(schedule, index, panel_outputs(schedule, index, aggs).trail)
+        check_place(schedule, index, panel_outputs(schedule, index, aggs, target=target).trail)
         res = resources(schedule, index, target)
         if res.registers > res.register_cap:
             raise ValueError(
@@ -105,7 +117,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         if whole and keep:
             raise ValueError("a 'whole' schedule keeps no reflectors for Q (its panels never leave shared memory): "
                              "no keep plan")
-        out = panel_outputs(schedule, index, aggs, keep)
+        out = panel_outputs(schedule, index, aggs, keep, target)
         agg, nc, trail = out.agg, out.nc, out.trail
         check_place(schedule, index, trail)
         if agg is None:
@@ -114,9 +126,9 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
             v_row, v_ld, v_bs = c0 - agg.a0, agg.rows, (agg.a1 - agg.a0) * agg.rows
         spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
-                          fam.spec_shared(panel, rows, trail and not out.vt_only, schedule.m, schedule.n), (),
+                          fam.spec_shared(panel, rows, prepares(out), schedule.m, schedule.n), (),
                           panel.cluster, panel.loop, vt_only=out.vt_only,
-                          pack=panel_pack(panel, trail, target))
+                          pack=panel_pack(panel, trail, target), t_out=out.t_out)
         if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:
             raise ValueError(f"Schedule.panels[{index}] keeps its reflectors for Q with {spec.shared_bytes} bytes of "
                              f"shared memory; the budget is {target.limits.shared_bytes}: no keep plan")
@@ -128,7 +140,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                                nc=nc, v_row=v_row, v_ld=v_ld, v_bs=v_bs, cluster=panel.cluster,
                                levels=tsqr_levels(rows, panel.width, panel.tile) if panel.variant == "tsqr" else (),
                                tile=panel.tile, inner=panel.slice if whole else 0, vt_only=out.vt_only,
-                               pack=spec.pack))
+                               pack=spec.pack, t_out=out.t_out))
     kernels = [_named(spec, cols) for spec, cols in keys.items()]
     if target.record.families:  # the backend's own product kernels (Metal: plan/msl.py)
         kernels += importlib.import_module(target.record.families).product_kernels(schedule, launches, aggs, keep)
@@ -141,11 +153,13 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         kernels += [rowsplit.kernel(kind, w) for w in widths for kind in rowsplit.KINDS]
     elif schedule.panel_update == "fused":
         kernels += [fused.kernel(w, cl) for w in widths for cl in fused.cluster_sizes(target)]
-    if any(a.nc > 0 for a in aggs) or (keep and aggs):
+    # the merges that form G and T: those of aggregates whose panel does not write T (Launch.t_out)
+    merges = any((a.nc > 0 or keep) and not launches[a.last].t_out for a in aggs)
+    if merges:
         kernels.append(tmat.kernel(target))
     if schedule.scaled:
         kernels.append(scale.kernel())
-    kinds = set(tf32x3.kinds(schedule, keep))
+    kinds = set(tf32x3.kinds(schedule, keep)) - (set() if merges else {"gram"})
     fused_t = tuple(i for i, a in enumerate(aggs) if a.nc > 0 and tf32x3.t_fused(schedule, a, keep))
     kept = kept_blocks(launches, aggs) if keep else ()
     for block in kept:

@@ -25,6 +25,7 @@ class KernelSpec:
     kind: str = ""  # a product family's member (tf32x3: "project", "project64", "update", "gram")
     vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.panel_outputs)
     pack: int = 1  # matrices per block (lanes: a narrow one-warp panel, a segment of the warp a matrix)
+    t_out: bool = False  # vt_only, and the panel is its aggregate: it writes that aggregate's T (plan.planner.panel_outputs)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Launch:
     inner: int = 0  # a "whole" kernel's columns per panel: the launch factors and updates everything itself
     vt_only: bool = False  # the kernel writes V^T but no (VT)^T (KernelSpec.vt_only)
     pack: int = 1  # matrices per block (KernelSpec.pack): plan/family.panel_grid
+    t_out: bool = False  # the kernel writes its aggregate's T (KernelSpec.t_out): the merge forms neither G nor T
 
     @property
     def cooperative(self) -> bool:

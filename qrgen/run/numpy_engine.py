@@ -86,6 +86,8 @@ class NumpyEngine:
         if L.trail and not L.vt_only:
             zt = matmul(vv, tm).transpose(0, 2, 1)
             self._matrix(z[0], z[1], L.width * L.rows, L.width, L.rows, L.rows)[...] = zt
+        if L.t_out:  # the aggregate's T, width x width a matrix
+            self._matrix(z[0], z[1], L.width * L.width, L.width, L.width, L.width)[...] = tm
         self.log.append(("panel", index, epoch))
 
     def _tsqr(self, L, panel):

@@ -23,7 +23,8 @@ def drive(fac, engine) -> None:
     Operands are (buffer name, float offset within a matrix); each buffer holds the chunk's matrices at a fixed
     stride. Per panel: its kernel, then W = (V T)^T C and C -= V W on the columns to the end of its aggregate
     (through cuBLAS, the rowsplit kernels or the fused kernel, as the schedule's panel_update says).
-    After an aggregate's last panel: G = V^T V, T from G and tau, (V T)^T, then the same two products on the
+    After an aggregate's last panel: G = V^T V, T from G and tau (neither where that panel is the aggregate and
+    wrote T itself: Launch.t_out), (V T)^T, then the same two products on the
     columns right of the aggregate (for the plan's t_fused aggregates whose grid fills the GPU, tf32x3.t_fills, no
     (V T)^T: the projection applies T). With the schedule's lookahead those products are two pairs: the next
     aggregate's columns first, then (engine.fork: on a side stream that waits for everything queued so far) the
@@ -95,6 +96,8 @@ def drive(fac, engine) -> None:
             if index in firsts:
                 engine.zero(vt)  # an aggregate's V^T is zero above each panel's rows
             v, z = (vt, L.v_row * L.v_ld + L.v_row), ("panel_wy", 0)
+        if L.t_out:  # the panel writes its aggregate's T, width x width a matrix
+            z = ("tmat", 0)
         engine.panel(index, L, epoch, v, z)
         if L.blocks > 1:
             epoch += L.blocks * L.barriers
@@ -121,15 +124,17 @@ def drive(fac, engine) -> None:
         if reach:
             engine.fork()
             pending = True
-        engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs,
-                    0.0, ("gram", 0), a, sizes.gram, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram, side=reach)
-        engine.tmat(agg, side=reach)
+        t_stride = a * a if L.t_out else sizes.gram  # T's floats a matrix in "tmat": the panel's, or the T kernel's
+        if not L.t_out:
+            engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs, 0.0, ("gram", 0), a,
+                        sizes.gram, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram, side=reach)
+            engine.tmat(agg, side=reach)
         if (i in fac.plan.t_fused and engine.nb <= tf32x3.GRID_YZ  # the projection applies T: no (VT)^T
                 and tf32x3.t_fills(a, agg.nc, rows, engine.nb, engine.sms)):
             products(vt_at, rows, vbs, vt_at, rows, vbs, a, rows, agg.a0 * n + agg.a1, agg.nc, "w", prec.project,
-                     prec.update, t=("tmat", 0, a, sizes.gram))
+                     prec.update, t=("tmat", 0, a, t_stride))
             continue
-        engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("tmat", 0), a, sizes.gram, vt_at, rows, vbs,
+        engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("tmat", 0), a, t_stride, vt_at, rows, vbs,
                     0.0, zg_at, rows, zg_bs, "tf32x3" if merge3 else "fp32", side=reach)
         if agg.nc == 0:  # a keep plan's last aggregate: merged for Q only
             continue

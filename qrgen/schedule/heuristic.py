@@ -85,22 +85,22 @@ class DefaultChoices:
     reach: bool = False  # Schedule.reach
 
 
-def cols_as_measured(schedule, limits) -> bool:
+def cols_as_measured(schedule, target) -> bool:
     """Whether every cols panel of the schedule runs the kernel default_cols and default_cols_aggregates were
     measured with: consumers holding each reflector's rows (no streams) and each block holding every reflector.
     Streaming and slot reuse are for taller panels (default_cols_tall's, or schedules that ask for them)."""
     from ..plan.layout import aggregates
-    from ..plan.planner import panel_outputs
+    from ..plan.planner import panel_outputs, prepares
 
     aggs = aggregates(schedule)
     for index, (panel, c0) in enumerate(zip(schedule.panels, schedule.starts())):
         if panel.variant != cols.VARIANT:
             continue
         rows = schedule.m - c0
-        out = panel_outputs(schedule, index, aggs)
-        prep = out.trail and not out.vt_only
+        out = panel_outputs(schedule, index, aggs, target=target)
+        prep = prepares(out)
         if (cols.streams(cols.slots(panel, rows), panel.slice, panel.threads)
-                or cols.shared_bytes_of(panel.width, cols.slots(panel, rows), prep) > limits.shared_bytes):
+                or cols.shared_bytes_of(panel.width, cols.slots(panel, rows), prep) > target.limits.shared_bytes):
             return False
     return True
 
@@ -258,7 +258,7 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
             check(schedule, target)
         except ValueError:
             continue
-        if cols_as_measured(schedule, target.limits):
+        if cols_as_measured(schedule, target):
             return panel
     return None
 
@@ -286,7 +286,7 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
                 check(schedule, target)
             except ValueError:
                 continue
-            if not cols_as_measured(schedule, target.limits):
+            if not cols_as_measured(schedule, target):
                 continue
             if problem.batch > COLS_MAX_BATCH and width == COLS_AGGREGATE_WIDTHS[0]:
                 return None  # past one wave, only panels narrower than the widest gain (on the taller matrices)

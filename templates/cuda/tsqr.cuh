@@ -108,7 +108,7 @@ struct TsqrPanel {
                                               float* __restrict__ tau_out, float* __restrict__ t_out,
                                               float* __restrict__ r_out, float* __restrict__ v1_out, float* dyn) {
     using C = ColsPanel<TILE, NB, NB, TILE / 32, NB, SLICE, (SLICE < LV ? SLICE : LV), 0, true, true, 1, STREAM,
-                        false>;
+                        false, false>;
     const int tile = blockIdx.x, first = tile * TILE, lane = t & 31, warp = t >> 5;
     float* taus = dyn + C::AT_TAUS;
     float* gram = dyn + C::AT_GRAM;
@@ -120,8 +120,7 @@ struct TsqrPanel {
     const size_t at = (size_t)first * ld + warp * SLICE;
     const int own = min(SLICE, NB - warp * SLICE);  // the last warp's columns may be fewer
     c.load(in + at, ld, own);
-    c.factor(own, nullptr);
-    c.store(io + at, ld, own);
+    c.factor(own, nullptr, io + at, ld);
     c.template prepare_t<2>();  // G's loads not all in flight: registers for the rows phases' blocks per SM
     if (t < NB) {
       tau_out[tile * NB + t] = taus[t];

@@ -43,6 +43,7 @@ SCHEDULES = [
     _uniform(150, 150, 8, aggregate=48, precision=Precision("tf32", "tf32", "bf16")),
     _uniform(160, 160, 32, aggregate=96, variant="cols"),
     _uniform(192, 170, 64, aggregate=64, variant="cols"),
+    _uniform(192, 192, 64, aggregate=64, precision=Precision("fp32", "tf32x3", "tf32x3"), variant="cols"),
     _uniform(160, 120, 16, aggregate=64, precision=Precision("tf32", "fp32", "fp32"), variant="lanes"),
     _uniform(200, 150, 8, aggregate=64, panel_update="rowsplit"),
     _uniform(90, 120, 32, panel_update="rowsplit", variant="lanes"),

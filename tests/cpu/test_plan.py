@@ -49,7 +49,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     assert [r.source for r in first] == [r.source for r in render_all(s, SM90)]
     src = first[0].source
     # one kernel
-    assert "Do not edit" in src and "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2, false, false>" in src
+    assert "Do not edit" in src and "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2, false, false, false>" in src
     lanes_src = render_all(default_schedule(Problem(176, 176, 200)), SM90)[0].source  # past one block per SM: lanes
     assert "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false, 1>" in lanes_src
     rows_src = render_all(default_schedule(Problem(176, 176, 640)), SM90)[0].source  # past two blocks per SM: rows
@@ -115,8 +115,33 @@ def test_tall_cols_panels_reuse_slots_and_stream_reflectors():
     assert cols.held(96, 32, 4, 1, False) == 96
     # where every reflector fits, a cluster panel holds them all: no slot reuse and no barrier for it (40 x 176²)
     assert not cols.reuses(176, 6, 2, False) and cols.held(176, 6, 4, 2, False) == 176
-    assert not cols_as_measured(tall, SM90.limits)
-    assert cols_as_measured(default_schedule(Problem(352, 352, 40)), SM90.limits)
+    assert not cols_as_measured(tall, SM90)
+    assert cols_as_measured(default_schedule(Problem(352, 352, 40)), SM90)
+
+
+def test_cols_panels_that_are_their_aggregate_write_t():
+    """On one block, a cols panel that is its (merged) aggregate forms G and T itself (KernelSpec.t_out, `_vtt`,
+    with their shared memory), so the plan has neither the T kernel nor the gram kernel where no other aggregate
+    needs them; the last panel (no merge) writes nothing more. Not on clusters, not with reach (its merges run beside
+    the next panels), not where G and T do not fit the target's shared memory; in keep plans the last one too."""
+    from kernel_cases import COLS_SCHEDULES
+
+    s = COLS_SCHEDULES[8]  # 192 x 192, panels of 64 columns on one block, each its aggregate, tf32x3 products
+    p = plan(s)
+    assert [L.t_out for L in p.launches] == [True, True, False]
+    assert [L.kernel for L in p.launches] == ["qr_cols_w64_c8_s6_v4_vtt", "qr_cols_w64_c8_s4_v4_vtt",
+                                              "qr_cols_w64_c8_s2_v4"]
+    assert p.launches[0].shared_bytes == cols.shared_bytes_of(64, 6, True) > cols.shared_bytes_of(64, 6, False)
+    assert not any(k.name == tmat.NAME or k.kind == "gram" for k in p.kernels)
+    assert [L.t_out for L in plan(s, keep=True).launches] == [True, True, True]
+    assert not any(L.t_out for L in plan(COLS_SCHEDULES[6]).launches)  # clusters of two
+    reach = dataclasses.replace(s, precision=Precision(), lookahead=2, reach=True)
+    assert not any(L.t_out for L in plan(reach).launches)
+    # 352 rows of 64 reflectors: 88 KiB, with G and T 121 KiB, past sm_86's shared memory (99 KiB), within sm_90's
+    tall = Schedule(352, 352, (Panel(64, "cols", 256, 1, 8),) * 5 + (Panel(32, "cols", 128, 1, 8),), aggregate=64)
+    sm86 = Target("cuda", "sm_86")
+    assert cols.shared_bytes_of(64, 11, False) <= sm86.limits.shared_bytes < cols.shared_bytes_of(64, 11, True)
+    assert plan(tall).launches[0].t_out and not plan(tall, sm86).launches[0].t_out
 
 
 @pytest.mark.parametrize("width,slice_", [(1, 2), (2, 2), (4, 4), (8, 8)])
@@ -176,9 +201,11 @@ def test_tf32x3_products_plan_and_render():
     for p in (plan(schedule, keep=True), plan(ahead)):
         assert [k.name for k in p.kernels if k.variant == "tf32x3"] == [
             "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"] and p.t_fused == ()
-    # one aggregate over every column: nothing right of it to project, so no projection kernel; its merge (for qr)
+    # one aggregate over every column: nothing right of it to project, so no projection kernel, and no merge but for
+    # qr (the gram kernel in keep plans)
     one = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
-    assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_tf32x3_update", "qr_tf32x3_gram"]
+    assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_tf32x3_update"]
+    assert "qr_tf32x3_gram" in [k.name for k in plan(one, keep=True).kernels]
     # aggregates of 64: their projections on the 64-row tiles (tf32x3.project_kind), the 128-row kernel not built
     by64 = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
     assert [k.name for k in plan(by64).kernels if k.variant == "tf32x3"] == [
