@@ -52,6 +52,15 @@ __device__ __forceinline__ float rcp_normal(float x) {
   return y;
 }
 
+// p ? a : b kept a select: many selects on one lane-dependent condition (a reduce-scatter's halves) otherwise
+// become a branch, and the shuffles after it run diverged.
+__device__ __forceinline__ float lane_select(bool p, float a, float b) {
+  float r;
+  asm("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n selp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b),
+      "r"(static_cast<unsigned>(p)));
+  return r;
+}
+
 // Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
 // simd_shuffle_xor).
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
@@ -122,8 +131,8 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
       const bool upper = (lane & OFF) != 0;
 #pragma unroll
       for (int i = 0; i < NV / 2; ++i) {
-        const float send = upper ? v[i] : v[i + NV / 2];
-        const float keep = upper ? v[i + NV / 2] : v[i];
+        const float send = lane_select(upper, v[i], v[i + NV / 2]);
+        const float keep = lane_select(upper, v[i + NV / 2], v[i]);
         v[i] = keep + warp_shuffle_xor(send, OFF);
       }
       reduce_scatter<OFF / 2, NV / 2>(v, lane);
@@ -399,7 +408,9 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 // shared memory (st.async, completing on that block's mbarrier of the reflector), so each SM issues for fewer
 // warps. TRAIL: the panel writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of
 // its own, prepared by the last block, which then holds every reflector. Without WY each warp writes its
-// reflectors' rows of V^T after its last column, and the panel's aggregate computes T in its merge.
+// reflectors' rows of V^T after its last column, and the panel's aggregate computes T in its merge, unless TOUT: a
+// panel that is its aggregate (one block) also forms G = V^T V, by S x S blocks on the warps done producing, and
+// T from it, into zt, so that its aggregate's merge launches neither.
 
 // Producers without tests for columns past the panel (ColsPanel::FULL) up to this many rows a lane (in 32s) and
 // columns a warp (docs/decisions.md#cols-early).
@@ -407,7 +418,7 @@ constexpr int FULL_SLOTS = 6;
 constexpr int FULL_SLICE = 4;
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
-          bool STREAM, bool REUSE>
+          bool STREAM, bool REUSE, bool TOUT>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
@@ -420,9 +431,12 @@ struct ColsPanel {
   // The block's shared memory, in floats from its start (plan/cols.shared_bytes_of): the held reflectors, every tau,
   // G and T where PREP, then one 8-byte mbarrier per reflector.
   static constexpr int AT_TAUS = HELD * RS;
+  static constexpr bool GT = PREP || TOUT;  // G and T in shared memory
   static constexpr int AT_GRAM = AT_TAUS + NB;
-  static constexpr int AT_TMAT = AT_GRAM + (PREP ? NB * (NB + 1) : 0);
-  static constexpr int AT_BARS = AT_TMAT + (PREP ? NB * (NB + 1) : 0) + ((NB + (PREP ? 2 * NB * (NB + 1) : 0)) & 1);
+  static constexpr int AT_TMAT = AT_GRAM + (GT ? NB * (NB + 1) : 0);
+  static constexpr int AT_BARS = AT_TMAT + (GT ? NB * (NB + 1) : 0) + ((NB + (GT ? 2 * NB * (NB + 1) : 0)) & 1);
+  static constexpr int NW = cdiv(NB, S);  // warps that own columns (of every block)
+  static_assert(!TOUT || (TRAIL && !WY && BLOCKS == 1 && NB % S == 0), "T of a one-block panel that is its aggregate");
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.
@@ -435,8 +449,8 @@ struct ColsPanel {
 
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
   float* taus;                // [NB]
-  float* gram;                // [NB][NB + 1] (PREP)
-  float* tmat;                // [NB][NB + 1] (PREP)
+  float* gram;                // [NB][NB + 1] (PREP, TOUT)
+  float* tmat;                // [NB][NB + 1] (PREP, TOUT)
   unsigned long long* bars;   // [NB]
   int c0, mp, vld, lane, warp, b, g;  // g: this block's rank in the cluster
   unsigned peer[BLOCKS];      // this block's shared memory as seen from each block of the cluster
@@ -640,9 +654,9 @@ struct ColsPanel {
   }
 
   // The factorization of the columns in x: the reflectors of the warps before this one applied as they appear,
-  // then this warp's own produced; every warp's columns are final (R on and above the diagonal, V below it) after
-  // the closing barrier.
-  __device__ __forceinline__ void factor(const int own, float* __restrict__ vt) {
+  // then this warp's own produced and its columns stored to hb (rows ld floats apart: R on and above the diagonal,
+  // V below it) before the closing barrier, while later warps still produce.
+  __device__ __forceinline__ void factor(const int own, float* __restrict__ vt, float* __restrict__ hb, const int ld) {
     const int gw = g * WARPS + warp;  // this warp's rank among the panel's warps
     consume_all<0>(own > 0 ? gw * S : 0);
     if constexpr (REUSE) {
@@ -651,7 +665,116 @@ struct ColsPanel {
     column_norm<0>(gw * S, sigma, alpha);
     produce_all<0>();
     if constexpr (TRAIL && !WY) write_vt(vt, own);
+    store(hb, ld, own);
+    if constexpr (TOUT) gram_all();
     block_barrier();
+  }
+
+  // TOUT: G's S x S block (a, q), a <= q, from the reflectors in shared memory (rows above q's first column are zero
+  // in q's), lanes over the rows; reduce-scatters of up to 32 entries leave each lane one entry of each (with fewer
+  // entries than lanes, entry lane / (32 / (S * S))). Only entries k < j are stored.
+  __device__ __forceinline__ void gram_block(const int a, const int q) {
+    float acc[S * S];
+#pragma unroll
+    for (int e = 0; e < S * S; ++e) acc[e] = 0.0f;
+#pragma unroll 1
+    for (int s = (q * S) >> 5; s < SLOTS; ++s) {  // rolled: this code runs beside the producers' (instruction fetch)
+      float u[S], v[S];
+#pragma unroll
+      for (int i = 0; i < S; ++i) u[i] = round_input<GRAM>(vs[(a * S + i) * RS + s * 32 + lane]);
+#pragma unroll
+      for (int j = 0; j < S; ++j) v[j] = round_input<GRAM>(vs[(q * S + j) * RS + s * 32 + lane]);
+#pragma unroll
+      for (int i = 0; i < S; ++i)
+#pragma unroll
+        for (int j = 0; j < S; ++j) acc[i * S + j] = fmaf(u[i], v[j], acc[i * S + j]);
+    }
+    // by 32 entries at most: with more, the compiler branches on the lane's bits and the warp's shuffles diverge
+    constexpr int NV = S * S > 32 ? 32 : S * S, H = S * S / NV;
+#pragma unroll
+    for (int h = 0; h < H; ++h) reduce_scatter<16, NV>(acc + h * NV, lane);
+    if (lane % (32 / NV) != 0) return;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const int e = h * NV + lane / (32 / NV), i = e / S, j = e % S;
+      if (a < q || i < j) gram[(a * S + i) * (NB + 1) + q * S + j] = acc[h * NV];
+    }
+  }
+
+  // TOUT: this warp's share of G, after its own columns. G's block column q can be formed once warp q has published
+  // its last reflector; its blocks (a, q) go round robin to the warps done by then on q's scheduler and on the one
+  // before it (q - w = 0 or 1 mod 4), which hold neither the next producer nor the one after it; the last block
+  // column's to every warp.
+  __device__ __forceinline__ void gram_all() {
+    for (int q = warp; q < NW; ++q) {
+      int count = NW, rank = warp;
+      if (q + 1 < NW) {
+        const int d = q - warp;
+        if ((d & 3) > 1) continue;
+        rank = (d >> 2) * 2 + (d & 3);
+        count = 2 * ((q + 1) >> 2) + min(2, (q + 1) & 3);
+      }
+      if (rank > q) continue;
+      mbar_wait(bars + q * S + S - 1, 0);
+      for (int a = rank; a <= q; a += count) gram_block(a, q);
+    }
+  }
+
+  // TOUT: T from G (LAPACK slarft, forward, columnwise) by S x S blocks, into zt (NB x NB a matrix, zero below the
+  // diagonal). Warp q's lanes first form the diagonal block T_qq, a row each (t_row); then warp R takes row block R
+  // across the later block columns J: X = T[R, R..J-1] G[R..J-1, J], then T[R, J] = -X T_JJ (a row of T depends
+  // only on its own earlier entries). X goes through V's shared memory, free once G is formed.
+  __device__ __forceinline__ void t_out(float* __restrict__ zt) {
+    constexpr int LD = NB + 1, E = cdiv(S * S, 32);
+    if (warp < NW && lane < S) {
+      float r[S];
+      t_row<S, LD>(lane, gram + warp * S * LD + warp * S, taus + warp * S, S, r);
+#pragma unroll
+      for (int j = 0; j < S; ++j) tmat[(warp * S + lane) * LD + warp * S + j] = r[j];
+    }
+    block_barrier();
+    if (warp < NW) {
+      float* xs = vs + warp * S * S;
+      const int r0 = warp * S;
+      for (int J = warp + 1; J < NW; ++J) {
+        const int c0 = J * S;
+        float acc[E];
+#pragma unroll
+        for (int p = 0; p < E; ++p) acc[p] = 0.0f;
+        for (int k0 = r0; k0 < c0; k0 += S) {  // T is zero left of the diagonal in its diagonal blocks
+#pragma unroll
+          for (int k = k0; k < k0 + S; ++k) {
+#pragma unroll
+            for (int p = 0; p < E; ++p) {
+              const int e = (lane + 32 * p) % (S * S);
+              acc[p] = fmaf(tmat[(r0 + e / S) * LD + k], gram[k * LD + c0 + e % S], acc[p]);
+            }
+          }
+        }
+#pragma unroll
+        for (int p = 0; p < E; ++p) {
+          if (lane + 32 * p < S * S) xs[lane + 32 * p] = acc[p];
+        }
+        warp_barrier();
+#pragma unroll
+        for (int p = 0; p < E; ++p) {
+          const int e = lane + 32 * p, i = (e % (S * S)) / S, c = e % S;
+          float t = 0.0f;
+#pragma unroll
+          for (int k = 0; k < S; ++k) {
+            if (k <= c) t = fmaf(xs[i * S + k], tmat[(c0 + k) * LD + c0 + c], t);
+          }
+          if (e < S * S) tmat[(r0 + i) * LD + c0 + c] = -t;
+        }
+        warp_barrier();
+      }
+    }
+    block_barrier();
+    float* out = zt + (size_t)b * NB * NB;
+    for (int e = warp * 32 + lane; e < NB * NB; e += WARPS * 32) {
+      const int r = e / NB, c = e - r * NB;
+      out[e] = c / S < r / S ? 0.0f : tmat[r * LD + c];
+    }
   }
 
   // G = V^T V (entries k < j) and T (PREP; in the block that holds every reflector), both in shared memory. G in
@@ -703,11 +826,11 @@ struct ColsPanel {
     float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
     const int own = min(S, max(0, NB - gw * S));  // columns of this warp: S, fewer in the panel's last, or none
     load(sb, N, own);
-    factor(own, vt);
-    store(hb, N, own);
+    factor(own, vt, hb, N);
     const int t = warp * 32 + lane;
     const int tc = g * WARPS * S + t;  // this block's columns' tau
     if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
+    if constexpr (TOUT) t_out(zt);
 
     if constexpr (PREP) {
       if (g != BLOCKS - 1) return;
@@ -727,11 +850,11 @@ struct ColsPanel {
 };
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
-          bool STREAM, bool REUSE>
+          bool STREAM, bool REUSE, bool TOUT>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM, REUSE>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM, REUSE, TOUT>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = smem + P::AT_TAUS;
@@ -755,6 +878,6 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1)
 qr_cols_w128_c4_x2_s19_v4_vt_r(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
-  panel_cols<1024, 1024, 1024, 19, 128, 4, 4, 0, true, false, 2, false, true>(
+  panel_cols<1024, 1024, 1024, 19, 128, 4, 4, 0, true, false, 2, false, true, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

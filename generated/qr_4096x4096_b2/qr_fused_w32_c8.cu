@@ -62,6 +62,15 @@ __device__ __forceinline__ float rcp_normal(float x) {
   return y;
 }
 
+// p ? a : b kept a select: many selects on one lane-dependent condition (a reduce-scatter's halves) otherwise
+// become a branch, and the shuffles after it run diverged.
+__device__ __forceinline__ float lane_select(bool p, float a, float b) {
+  float r;
+  asm("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n selp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b),
+      "r"(static_cast<unsigned>(p)));
+  return r;
+}
+
 // Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
 // simd_shuffle_xor).
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }

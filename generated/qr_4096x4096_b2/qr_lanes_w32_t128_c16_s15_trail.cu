@@ -52,6 +52,15 @@ __device__ __forceinline__ float rcp_normal(float x) {
   return y;
 }
 
+// p ? a : b kept a select: many selects on one lane-dependent condition (a reduce-scatter's halves) otherwise
+// become a branch, and the shuffles after it run diverged.
+__device__ __forceinline__ float lane_select(bool p, float a, float b) {
+  float r;
+  asm("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n selp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b),
+      "r"(static_cast<unsigned>(p)));
+  return r;
+}
+
 // Warp shuffles, every lane taking part: v of lane `lane`, and v of lane (this lane ^ mask) (MSL: simd_shuffle,
 // simd_shuffle_xor).
 __device__ __forceinline__ float warp_shuffle(float v, int lane) { return __shfl_sync(QR_FULL_MASK, v, lane); }
@@ -122,8 +131,8 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane) {
       const bool upper = (lane & OFF) != 0;
 #pragma unroll
       for (int i = 0; i < NV / 2; ++i) {
-        const float send = upper ? v[i] : v[i + NV / 2];
-        const float keep = upper ? v[i + NV / 2] : v[i];
+        const float send = lane_select(upper, v[i], v[i + NV / 2]);
+        const float keep = lane_select(upper, v[i + NV / 2], v[i]);
         v[i] = keep + warp_shuffle_xor(send, OFF);
       }
       reduce_scatter<OFF / 2, NV / 2>(v, lane);
