@@ -25,7 +25,7 @@ class KernelSpec:
     kind: str = ""  # a product family's member (tf32x3: "project", "project64", "update", "gram")
     vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.panel_outputs)
     pack: int = 1  # matrices per block (lanes: a narrow one-warp panel, a segment of the warp a matrix)
-    t_out: bool = False  # vt_only, and the panel is its aggregate: it writes that aggregate's T (plan.planner.panel_outputs)
+    t_out: bool = False  # vt_only, and the panel is its aggregate, whose T it writes (planner.panel_outputs)
 
 
 @dataclass(frozen=True)

@@ -354,6 +354,7 @@ QR_CASES = {
     "fused_4000x16x16": (find(Problem(16, 16, 4000), TARGET)[0], "fused"),  # two matrices a warp
     "fused_8x6": (Schedule(8, 6, (Panel(6, "lanes", 32),)), "fused"),  # four a warp, the last warp's last past the batch
     "keep_lanes_300x200": (LANES_SCHEDULES[3], "keep"),
+    "keep_cols_t_out_192x192": (COLS_SCHEDULES[8], "keep"),  # panels that form their aggregate's T
     "keep_cols_clusters_300x200": (COLS_SCHEDULES[7], "keep"),
     "keep_cols_tall_736x224": (COLS_SCHEDULES[-1], "keep"),  # slot reuse, aggregates of (96, 128)
     "h_tau_1000x64x64": (find(Problem(64, 64, 1000), TARGET)[0], "h_tau"),
