@@ -53,7 +53,7 @@ __device__ __forceinline__ float rcp_normal(float x) {
 }
 
 // p ? a : b kept a select: many selects on one lane-dependent condition (a reduce-scatter's halves) otherwise
-// become a branch, and the shuffles after it run diverged.
+// become a branch, and the shuffles after it run diverged (docs/decisions.md#lane-select).
 __device__ __forceinline__ float lane_select(bool p, float a, float b) {
   float r;
   asm("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n selp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b),
@@ -655,7 +655,7 @@ struct ColsPanel {
 
   // The factorization of the columns in x: the reflectors of the warps before this one applied as they appear,
   // then this warp's own produced and its columns stored to hb (rows ld floats apart: R on and above the diagonal,
-  // V below it) before the closing barrier, while later warps still produce.
+  // V below it) before the closing barrier, while later warps still produce (docs/decisions.md#cols-store-early).
   __device__ __forceinline__ void factor(const int own, float* __restrict__ vt, float* __restrict__ hb, const int ld) {
     const int gw = g * WARPS + warp;  // this warp's rank among the panel's warps
     consume_all<0>(own > 0 ? gw * S : 0);

@@ -53,7 +53,7 @@ __device__ __forceinline__ float rcp_normal(float x) {
 }
 
 // p ? a : b kept a select: many selects on one lane-dependent condition (a reduce-scatter's halves) otherwise
-// become a branch, and the shuffles after it run diverged.
+// become a branch, and the shuffles after it run diverged (docs/decisions.md#lane-select).
 __device__ __forceinline__ float lane_select(bool p, float a, float b) {
   float r;
   asm("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n selp.f32 %0, %1, %2, q;\n}" : "=f"(r) : "f"(a), "f"(b),
