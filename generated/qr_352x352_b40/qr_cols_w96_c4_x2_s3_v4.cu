@@ -689,7 +689,7 @@ struct ColsPanel {
 #pragma unroll
         for (int j = 0; j < S; ++j) acc[i * S + j] = fmaf(u[i], v[j], acc[i * S + j]);
     }
-    // by 32 entries at most: with more, the compiler branches on the lane's bits and the warp's shuffles diverge
+    // by 32 entries at most (reduce_scatter's bound)
     constexpr int NV = S * S > 32 ? 32 : S * S, H = S * S / NV;
 #pragma unroll
     for (int h = 0; h < H; ++h) reduce_scatter<16, NV>(acc + h * NV, lane);

@@ -74,8 +74,9 @@ def gram_parts(fac, chunk: int, sms: int) -> int:
     """Parts to split the K (rows of V) of an aggregate's G = V^T V into, for `chunk` matrices: where the tf32x3
     gram kernel can take G (an fp32 Gram precision), tf32x3.k_parts of the matrices' upper 64 x 64 tiles and the
     deepest aggregate (docs/decisions.md#gram-splits). Part q of the chunk's matrices lies q * chunk * sizes.gram
-    floats into "gram"; the engine adds the parts into the first before the T kernel reads G."""
-    if "gram" not in tf32x3.kinds(fac.schedule):
+    floats into "gram"; the engine adds the parts into the first before the T kernel reads G. None where the plan has
+    no gram kernel (no merge forms G: panels that form it themselves, planner's t_out)."""
+    if not any(k.variant == "tf32x3" and k.kind == "gram" for k in fac.kernels):
         return 1
     a = max([agg.a1 - agg.a0 for agg in fac.aggregates] + [1])
     depth = max([agg.rows for agg in fac.aggregates] + [1])

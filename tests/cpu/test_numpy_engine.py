@@ -628,3 +628,12 @@ def test_gram_splits_only_for_few_matrices_with_an_fp32_gram():
     fp16 = _uniform(256, 256, 32, aggregate=128, precision=Precision("fp16", "fp32", "fp32"))
     assert "gram" not in tf32x3.kinds(fp16) and "gram" in tf32x3.kinds(_uniform(256, 256, 32, aggregate=128))
     assert "gram" not in tf32x3.kinds(_uniform(96, 160, 32, aggregate=32))  # G narrower than the kernels take
+    # panels that form their aggregate's G themselves (t_out): no gram kernel in the plan, so no parts for one matrix
+    # of 512 rows, where the same aggregates of lanes panels, merged by launches, split G in two
+    prec = Precision("fp32", "tf32x3", "tf32x3")
+    own = Schedule(512, 512, (Panel(64, "cols", 256, 1, 8),) * 8, prec, aggregate=64)
+    fac = Factorizer(512, 512, own, Target("cuda", "sm_90"))
+    assert "gram" in tf32x3.kinds(own) and all(L.t_out for L in fac.launches[:-1])
+    assert gram_parts(fac, 1, 132) == 1
+    lanes = _uniform(512, 512, 32, aggregate=64, precision=prec, variant="lanes")
+    assert gram_parts(Factorizer(512, 512, lanes, Target("cuda", "sm_90")), 1, 132) == 2
