@@ -58,7 +58,8 @@ def resources(schedule, index: int, target: Target) -> PanelResources:
     out = panel_outputs(schedule, index, aggregates(schedule), target=target)
     return PanelResources(rows, fam.slots(panel, rows), fam.registers(panel, rows),
                           register_cap(panel.threads, target.limits),
-                          fam.shared_bytes(panel, rows, prepares(out), schedule.m, schedule.n))
+                          fam.shared_bytes(panel, rows, prepares(out), schedule.m, schedule.n,
+                                           **({"t_out": True} if out.t_out else {})))
 
 
 def prepares(out: PanelOutputs) -> bool:
@@ -126,7 +127,8 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
             v_row, v_ld, v_bs = c0 - agg.a0, agg.rows, (agg.a1 - agg.a0) * agg.rows
         spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
-                          fam.spec_shared(panel, rows, prepares(out), schedule.m, schedule.n), (),
+                          fam.spec_shared(panel, rows, prepares(out), schedule.m, schedule.n,
+                                          **({"t_out": True} if out.t_out else {})), (),
                           panel.cluster, panel.loop, vt_only=out.vt_only,
                           pack=panel_pack(panel, trail, target), t_out=out.t_out)
         if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:

@@ -32,12 +32,15 @@ struct ColsPanel {
   // The block's shared memory, in floats from its start (plan/cols.shared_bytes_of): the held reflectors, every tau,
   // G and T where PREP, then one 8-byte mbarrier per reflector.
   static constexpr int AT_TAUS = HELD * RS;
-  static constexpr bool GT = PREP || TOUT;  // G and T in shared memory
+  // G in shared memory (PREP, TOUT), and T: PREP's after G, TOUT's in the reflectors' space after each warp's X
+  // (t_out), free once G is formed
+  static constexpr int GS = PREP || TOUT ? NB * (NB + 1) : 0, TS = PREP ? NB * (NB + 1) : 0;
   static constexpr int AT_GRAM = AT_TAUS + NB;
-  static constexpr int AT_TMAT = AT_GRAM + (GT ? NB * (NB + 1) : 0);
-  static constexpr int AT_BARS = AT_TMAT + (GT ? NB * (NB + 1) : 0) + ((NB + (GT ? 2 * NB * (NB + 1) : 0)) & 1);
+  static constexpr int AT_TMAT = TOUT ? WARPS * S * S : AT_GRAM + GS;
+  static constexpr int AT_BARS = AT_GRAM + GS + TS + ((NB + GS + TS) & 1);
   static constexpr int NW = cdiv(NB, S);  // warps that own columns (of every block)
   static_assert(!TOUT || (TRAIL && !WY && BLOCKS == 1 && NB % S == 0), "T of a one-block panel that is its aggregate");
+  static_assert(!TOUT || WARPS * S * S + NB * (NB + 1) <= HELD * RS, "X and T in the reflectors' space");
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.

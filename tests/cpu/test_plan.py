@@ -124,7 +124,7 @@ def test_cols_panels_that_are_their_aggregate_write_t():
     """On one block, a cols panel that is its (merged) aggregate forms G and T itself (KernelSpec.t_out, `_vtt`,
     with their shared memory), so the plan has neither the T kernel nor the gram kernel where no other aggregate
     needs them; the last panel (no merge) writes nothing more. Not on clusters, not with reach (its merges run beside
-    the next panels), not where G and T do not fit the target's shared memory; in keep plans the last one too."""
+    the next panels), not where G does not fit the target's shared memory."""
     from kernel_cases import COLS_SCHEDULES
 
     s = COLS_SCHEDULES[8]  # 192 x 192, panels of 64 columns on one block, each its aggregate, tf32x3 products
@@ -132,16 +132,21 @@ def test_cols_panels_that_are_their_aggregate_write_t():
     assert [L.t_out for L in p.launches] == [True, True, False]
     assert [L.kernel for L in p.launches] == ["qr_cols_w64_c8_s6_v4_vtt", "qr_cols_w64_c8_s4_v4_vtt",
                                               "qr_cols_w64_c8_s2_v4"]
-    assert p.launches[0].shared_bytes == cols.shared_bytes_of(64, 6, True) > cols.shared_bytes_of(64, 6, False)
+    assert p.launches[0].shared_bytes == cols.shared_bytes_of(64, 6, False, t_out=True) > cols.shared_bytes_of(64, 6,
+                                                                                                          False)
+    assert cols.shared_bytes_of(64, 6, False, t_out=True) < cols.shared_bytes_of(64, 6, True)  # T where V was
     assert not any(k.name == tmat.NAME or k.kind == "gram" for k in p.kernels)
-    assert [L.t_out for L in plan(s, keep=True).launches] == [True, True, True]
+    # in keep plans the last one too, where X and T fit in its reflectors' place (not at 64 rows of 64 reflectors)
+    assert [L.t_out for L in plan(s, keep=True).launches] == [True, True, False]
+    assert plan(dataclasses.replace(s, m=200), keep=True).launches[2].t_out
     assert not any(L.t_out for L in plan(COLS_SCHEDULES[6]).launches)  # clusters of two
     reach = dataclasses.replace(s, precision=Precision(), lookahead=2, reach=True)
     assert not any(L.t_out for L in plan(reach).launches)
-    # 352 rows of 64 reflectors: 88 KiB, with G and T 121 KiB, past sm_86's shared memory (99 KiB), within sm_90's
+    # 352 rows of 64 reflectors: 88 KiB, with G 105 KiB, past sm_86's shared memory (99 KiB), within sm_90's
     tall = Schedule(352, 352, (Panel(64, "cols", 256, 1, 8),) * 5 + (Panel(32, "cols", 128, 1, 8),), aggregate=64)
     sm86 = Target("cuda", "sm_86")
-    assert cols.shared_bytes_of(64, 11, False) <= sm86.limits.shared_bytes < cols.shared_bytes_of(64, 11, True)
+    assert (cols.shared_bytes_of(64, 11, False) <= sm86.limits.shared_bytes
+            < cols.shared_bytes_of(64, 11, False, t_out=True))
     assert plan(tall).launches[0].t_out and not plan(tall, sm86).launches[0].t_out
 
 
