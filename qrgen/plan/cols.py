@@ -100,8 +100,8 @@ def held(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> int:
 
 def shared_bytes_of(width: int, slots_: int, trail: bool, held_: int | None = None, t_out: bool = False) -> int:
     """The held reflectors (padded rows; all of them unless given), every tau, G and T when it prepares (VT)^T
-    (trail), G alone with t_out (its T goes where the reflectors were), and one 8-byte mbarrier per reflector
-    (panel_cols's layout)."""
+    (trail), G alone with t_out (T in its free triangle), and one 8-byte mbarrier per reflector (panel_cols's
+    layout)."""
     held_ = width if held_ is None else held_
     floats = held_ * slots_ * 32 + width + (2 if trail else 1 if t_out else 0) * width * (width + 1)
     return 4 * (floats + (floats & 1)) + 8 * width
@@ -119,10 +119,10 @@ spec_shared = shared_bytes
 def t_out(panel, rows: int, target) -> bool:
     """Whether a panel that is its aggregate forms G and T itself (ColsPanel's TOUT, docs/decisions.md#cols-t-out):
     on one block, every warp with a whole slice, where G fits the target's shared memory beside every reflector
-    (T and each warp's X take the reflectors' place once G is formed)."""
+    (T goes in G's free triangle, the products that form it in the reflectors' place once G is formed)."""
     s = slots(panel, rows)
     return (panel.blocks == 1 and panel.width % panel.slice == 0 and not streams(s, panel.slice, panel.threads)
-            and panel.width * (panel.slice + panel.width + 1) <= panel.width * s * 32  # X and T where V was
+            and panel.width // 2 + 1 <= s * 32  # t_join's X where V was
             and shared_bytes_of(panel.width, s, False, t_out=True) <= target.limits.shared_bytes)
 
 
