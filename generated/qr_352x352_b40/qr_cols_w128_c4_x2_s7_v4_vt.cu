@@ -431,12 +431,14 @@ struct ColsPanel {
   // The block's shared memory, in floats from its start (plan/cols.shared_bytes_of): the held reflectors, every tau,
   // G and T where PREP, then one 8-byte mbarrier per reflector.
   static constexpr int AT_TAUS = HELD * RS;
-  static constexpr bool GT = PREP || TOUT;  // G and T in shared memory
+  // G in shared memory (PREP, TOUT), and T: PREP's after G, TOUT's transposed in G's lower triangle (t_out)
+  static constexpr int GS = PREP || TOUT ? NB * (NB + 1) : 0, TS = PREP ? NB * (NB + 1) : 0;
   static constexpr int AT_GRAM = AT_TAUS + NB;
-  static constexpr int AT_TMAT = AT_GRAM + (GT ? NB * (NB + 1) : 0);
-  static constexpr int AT_BARS = AT_TMAT + (GT ? NB * (NB + 1) : 0) + ((NB + (GT ? 2 * NB * (NB + 1) : 0)) & 1);
+  static constexpr int AT_TMAT = AT_GRAM + GS;
+  static constexpr int AT_BARS = AT_GRAM + GS + TS + ((NB + GS + TS) & 1);
   static constexpr int NW = cdiv(NB, S);  // warps that own columns (of every block)
   static_assert(!TOUT || (TRAIL && !WY && BLOCKS == 1 && NB % S == 0), "T of a one-block panel that is its aggregate");
+  static_assert(!TOUT || NB * (NB / 2 + 1) <= HELD * RS, "t_join's X in the reflectors' space");
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.
@@ -450,7 +452,7 @@ struct ColsPanel {
   float* vs;                  // [NB][RS] reflectors, zero above the diagonal and 1 on it
   float* taus;                // [NB]
   float* gram;                // [NB][NB + 1] (PREP, TOUT)
-  float* tmat;                // [NB][NB + 1] (PREP, TOUT)
+  float* tmat;                // [NB][NB + 1] (PREP)
   unsigned long long* bars;   // [NB]
   int c0, mp, vld, lane, warp, b, g;  // g: this block's rank in the cluster
   unsigned peer[BLOCKS];      // this block's shared memory as seen from each block of the cluster
@@ -720,60 +722,81 @@ struct ColsPanel {
     }
   }
 
-  // TOUT: T from G (LAPACK slarft, forward, columnwise) by S x S blocks, into zt (NB x NB a matrix, zero below the
-  // diagonal). Warp q's lanes first form the diagonal block T_qq, a row each (t_row); then warp R takes row block R
-  // across the later block columns J: X = T[R, R..J-1] G[R..J-1, J], then T[R, J] = -X T_JJ (a row of T depends
-  // only on its own earlier entries). X goes through V's shared memory, free once G is formed.
+  // TOUT: T from G (LAPACK slarft, forward, columnwise) into zt (NB x NB a matrix, zero below the diagonal). T is
+  // kept transposed in G's free lower triangle (T(i, k) at gram[k][i]; G holds entries k < j only). Warp q's lanes
+  // form the diagonal block T_qq, a row each (t_row); then blocks are joined in pairs of doubling width,
+  // T[A, B] = -T_A G[A, B] T_B, each level two products over every thread in 2 x 2 tiles (X = T_A G[A, B] through
+  // V's shared memory, free once G is formed), so no warp walks T's columns alone.
+  __device__ __forceinline__ float t_at(const int i, const int k) const { return gram[k * (NB + 1) + i]; }
+
+  template <int H>
+  __device__ __forceinline__ void t_join() {
+    constexpr int LD = NB + 1, HP = H / 2, PAIRS = (NB + H - 1) / (2 * H), LDX = H + 1, TILES = PAIRS * HP * HP;
+    float* xs = vs;  // X[i][j - b0] for i in A, j in B
+    for (int u = warp * 32 + lane; u < TILES; u += WARPS * 32) {  // columns of a tile's pair fastest
+      const int a0 = (u / (HP * HP)) * 2 * H, b0 = a0 + H, i = a0 + 2 * ((u / HP) % HP), j = b0 + 2 * (u % HP);
+      if (j >= NB) continue;
+      const float* gj = gram + j;
+      const float tii = t_at(i, i);
+      float x00 = tii * gj[i * LD], x01 = tii * gj[i * LD + 1], x10 = 0.0f, x11 = 0.0f;  // T(i + 1, i) = 0
+#pragma unroll 4
+      for (int k = i + 1; k < b0; ++k) {
+        const float t0 = t_at(i, k), t1 = t_at(i + 1, k), g0 = gj[k * LD], g1 = gj[k * LD + 1];
+        x00 = fmaf(t0, g0, x00);
+        x01 = fmaf(t0, g1, x01);
+        x10 = fmaf(t1, g0, x10);
+        x11 = fmaf(t1, g1, x11);
+      }
+      float* x = xs + i * LDX + j - b0;
+      x[0] = x00; x[1] = x01; x[LDX] = x10; x[LDX + 1] = x11;
+    }
+    block_barrier();
+    for (int u = warp * 32 + lane; u < TILES; u += WARPS * 32) {  // rows fastest: one column range a warp
+      const int a0 = (u / (HP * HP)) * 2 * H, b0 = a0 + H, j = b0 + 2 * ((u / HP) % HP), i = a0 + 2 * (u % HP);
+      if (j >= NB) continue;
+      const float* x = xs + i * LDX - b0;
+      float y00 = 0.0f, y01 = 0.0f, y10 = 0.0f, y11 = 0.0f;
+#pragma unroll 4
+      for (int k = b0; k <= j; ++k) {
+        const float x0 = x[k], x1 = x[LDX + k], t0 = t_at(k, j), t1 = t_at(k, j + 1);
+        y00 = fmaf(x0, t0, y00);
+        y01 = fmaf(x0, t1, y01);
+        y10 = fmaf(x1, t0, y10);
+        y11 = fmaf(x1, t1, y11);
+      }
+      const float tjj = t_at(j + 1, j + 1);  // T(j + 1, j) = 0
+      y01 = fmaf(x[j + 1], tjj, y01);
+      y11 = fmaf(x[LDX + j + 1], tjj, y11);
+      float* t = gram + j * LD + i;  // transposed
+      t[0] = -y00; t[1] = -y10; t[LD] = -y01; t[LD + 1] = -y11;
+    }
+    block_barrier();
+    if constexpr (2 * H < NB) t_join<2 * H>();
+  }
+
   __device__ __forceinline__ void t_out(float* __restrict__ zt) {
-    constexpr int LD = NB + 1, E = cdiv(S * S, 32);
+    constexpr int LD = NB + 1;
     if (warp < NW && lane < S) {
       float r[S];
       t_row<S, LD>(lane, gram + warp * S * LD + warp * S, taus + warp * S, S, r);
+      float* t = gram + warp * S * LD + warp * S + lane;  // row lane of T_qq, transposed: below G's entries
 #pragma unroll
-      for (int j = 0; j < S; ++j) tmat[(warp * S + lane) * LD + warp * S + j] = r[j];
-    }
-    block_barrier();
-    if (warp < NW) {
-      float* xs = vs + warp * S * S;
-      const int r0 = warp * S;
-      for (int J = warp + 1; J < NW; ++J) {
-        const int c0 = J * S;
-        float acc[E];
-#pragma unroll
-        for (int p = 0; p < E; ++p) acc[p] = 0.0f;
-        for (int k0 = r0; k0 < c0; k0 += S) {  // T is zero left of the diagonal in its diagonal blocks
-#pragma unroll
-          for (int k = k0; k < k0 + S; ++k) {
-#pragma unroll
-            for (int p = 0; p < E; ++p) {
-              const int e = (lane + 32 * p) % (S * S);
-              acc[p] = fmaf(tmat[(r0 + e / S) * LD + k], gram[k * LD + c0 + e % S], acc[p]);
-            }
-          }
-        }
-#pragma unroll
-        for (int p = 0; p < E; ++p) {
-          if (lane + 32 * p < S * S) xs[lane + 32 * p] = acc[p];
-        }
-        warp_barrier();
-#pragma unroll
-        for (int p = 0; p < E; ++p) {
-          const int e = lane + 32 * p, i = (e % (S * S)) / S, c = e % S;
-          float t = 0.0f;
-#pragma unroll
-          for (int k = 0; k < S; ++k) {
-            if (k <= c) t = fmaf(xs[i * S + k], tmat[(c0 + k) * LD + c0 + c], t);
-          }
-          if (e < S * S) tmat[(r0 + i) * LD + c0 + c] = -t;
-        }
-        warp_barrier();
+      for (int j = 0; j < S; ++j) {
+        if (j >= lane) t[j * LD] = r[j];
       }
     }
     block_barrier();
+    if constexpr (S < NB) t_join<S>();
     float* out = zt + (size_t)b * NB * NB;
-    for (int e = warp * 32 + lane; e < NB * NB; e += WARPS * 32) {
-      const int r = e / NB, c = e - r * NB;
-      out[e] = c / S < r / S ? 0.0f : tmat[r * LD + c];
+    constexpr int QUADS = NB * NB / 4, PER = cdiv(QUADS, WARPS * 32);
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int e = 4 * (warp * 32 + lane + p * WARPS * 32), r = e / NB, c = e - r * NB;
+      if (QUADS % (WARPS * 32) != 0 && e >= NB * NB) break;
+      float v[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v[q] = c + q < r ? 0.0f : t_at(r, c + q);
+      store_vec<4>(out + e, v);
     }
   }
 
