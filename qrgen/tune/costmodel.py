@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..plan import fused, whole
+from ..plan import fused, tf32x3, whole
 from ..plan.family import panel_grid
 from ..plan.layout import aggregates
 from ..plan.planner import plan, resources
@@ -41,6 +41,9 @@ TSQR_FINAL_US_PER_ENTRY = 8.75e-6  # per row and column of the panel
 
 # A "whole" kernel: per column for each wave of resident blocks (docs/decisions.md#costmodel-whole)
 WHOLE_US_PER_COLUMN = 1.5
+# A cols panel that forms its aggregate's G and T (Launch.t_out), per column for each wave of blocks; its merge
+# then launches neither the gram nor the T kernel (docs/decisions.md#costmodel-t-out)
+T_OUT_US_PER_COLUMN = 0.15
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
             per_column = _column_us(panel.variant, L.threads, res.slots, L.width, panel.slice)
             if L.blocks > 1:
                 per_column += CLUSTER_US_PER_COLUMN if L.cluster else MULTI_BLOCK_US_PER_COLUMN
-            panel_us += L.width * per_column * waves
+            panel_us += L.width * (per_column + (T_OUT_US_PER_COLUMN if L.t_out else 0.0)) * waves
         if L.nc > 0 and schedule.panel_update == "rowsplit":
             gemm_us += _rowsplit_us(L.rows, L.nc, L.width, batch, 1) + _rowsplit_us(L.rows, L.nc, L.width, batch, 2)
             n_launches += 2
@@ -143,10 +146,15 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
     for agg in aggregates(schedule):
         if agg.nc > 0:
             a = agg.a1 - agg.a0
-            gemm_us += _gemm_us(a, a, agg.rows, batch, prec.gram, 1) + _gemm_us(a, agg.rows, a, batch, "fp32", 1)
+            if not launches[agg.last].t_out:  # G and T, unless its panel formed them
+                gemm_us += _gemm_us(a, a, agg.rows, batch, prec.gram, 1)
+                panel_us += a * 0.05  # the T kernel (a guess per column from its first, one-thread-a-row form)
+                n_launches += 2
+            if not tf32x3.t_fused(schedule, agg):  # (VT)^T, unless the projection applies T
+                gemm_us += _gemm_us(a, agg.rows, a, batch, "fp32", 1)
+                n_launches += 1
             gemm_us += _gemm_us(a, agg.nc, agg.rows, batch, prec.project, 1)
             gemm_us += _gemm_us(agg.rows, agg.nc, a, batch, prec.update, 2)
-            panel_us += a * 0.05  # the T kernel (a guess per column from its first, one-thread-a-row form; not refit)
-            n_launches += 6
+            n_launches += 2
     host_us = n_launches * HOST_US_PER_LAUNCH
     return Estimate(max(panel_us + gemm_us, host_us), panel_us, gemm_us, host_us)

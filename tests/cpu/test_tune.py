@@ -128,6 +128,21 @@ def test_cost_model_prefers_fewer_launches_and_lower_precision():
     assert base.total_us >= base.host_us > 0
 
 
+@pytest.mark.parametrize("batch,m,n", [(640, 512, 512), (300, 384, 384)])
+def test_cost_model_charges_panels_that_form_t_and_not_their_merges_as_measured(batch, m, n, monkeypatch):
+    """A cols panel that forms its aggregate's G and T (Launch.t_out) takes longer, its merge launches neither the
+    gram nor the T kernel, and the whole call was faster that way (docs/decisions.md#cols-t-out)."""
+    from qrgen.plan import cols
+
+    problem = Problem(m, n, batch)
+    schedule = default_schedule(problem)
+    with_t = estimate(schedule, problem)
+    monkeypatch.setattr(cols, "t_out", lambda *a: False)
+    without = estimate(schedule, problem)
+    assert with_t.panel_us > without.panel_us and with_t.gemm_us < without.gemm_us
+    assert with_t.total_us < without.total_us and with_t.host_us < without.host_us
+
+
 def test_search_runs_resumes_and_writes_provenance(tmp_path):
     problem, target = Problem(48, 40, 3), Target()
     lines = []
