@@ -49,6 +49,8 @@ COLS_SCHEDULES = [
     # projections apply T (tf32x3), or the merge forms (VT)^T from it (fp32), 8 and 4 columns a warp
     Schedule(192, 192, (Panel(64, "cols", 256, 1, 8),) * 3, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64),
     Schedule(256, 200, (Panel(64, "cols", 512, 1, 4),) * 3 + (Panel(8, "cols", 64, 1, 4),), aggregate=64),
+    # 24 warps: T's last join takes a narrower pair (64 | 32 columns)
+    Schedule(256, 160, (Panel(96, "cols", 768, 1, 4), Panel(64, "cols", 512, 1, 4)), aggregate=(96, 64)),
     # taller than a block's shared memory holds every reflector of: the later block of the cluster reuses the slots
     # of the earlier block's reflectors; at 1,024 rows consumers stream each reflector from shared memory
     # (plan/cols.streams); aggregates of two widths
