@@ -438,7 +438,8 @@ struct ColsPanel {
   static constexpr int AT_BARS = AT_GRAM + GS + TS + ((NB + GS + TS) & 1);
   static constexpr int NW = cdiv(NB, S);  // warps that own columns (of every block)
   static_assert(!TOUT || (TRAIL && !WY && BLOCKS == 1 && NB % S == 0), "T of a one-block panel that is its aggregate");
-  static_assert(!TOUT || NB * (NB / 2 + 1) <= HELD * RS, "t_join's X in the reflectors' space");
+  // t_join's X (rows < NB, at most NB floats apart) in the reflectors' space
+  static_assert(!TOUT || NB <= RS, "t_join's X in the reflectors' space");
   // Every warp owns S columns, so no producer tests for a column past the panel: its producers are then one block
   // of code to ptxas, which schedules across their columns. That pays at few rows a lane and columns a warp; with
   // more, the blocks the tests make are faster, or the one block spills.

@@ -122,7 +122,7 @@ def t_out(panel, rows: int, target) -> bool:
     (T goes in G's free triangle, the products that form it in the reflectors' place once G is formed)."""
     s = slots(panel, rows)
     return (panel.blocks == 1 and panel.width % panel.slice == 0 and not streams(s, panel.slice, panel.threads)
-            and panel.width // 2 + 1 <= s * 32  # t_join's X where V was
+            and panel.width <= s * 32  # t_join's X where V was (panel_cols)
             and shared_bytes_of(panel.width, s, False, t_out=True) <= target.limits.shared_bytes)
 
 
