@@ -7,7 +7,8 @@ A panel family (warp, rows, lanes, cols, tsqr, whole) defines:
   slots(panel, rows)                 rows each thread holds,
   registers(panel, rows)             estimated registers per thread,
   shared_bytes(panel, rows, trail, m, n)  dynamic plus static shared memory a block needs (resources; trail: it
-                                     prepares V^T and (VT)^T),
+                                     prepares V^T and (VT)^T, or forms G and T; cols also takes t_out=True, where
+                                     the panel forms its aggregate's T: planner.shared),
   spec_shared(panel, rows, trail, m, n)   the dynamic shared memory it is launched with,
   vec(panel, n, c0)                  floats per global load,
   name(spec)                         the kernel's name, spelling its compile-time constants,

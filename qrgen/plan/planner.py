@@ -58,13 +58,18 @@ def resources(schedule, index: int, target: Target) -> PanelResources:
     out = panel_outputs(schedule, index, aggregates(schedule), target=target)
     return PanelResources(rows, fam.slots(panel, rows), fam.registers(panel, rows),
                           register_cap(panel.threads, target.limits),
-                          fam.shared_bytes(panel, rows, prepares(out), schedule.m, schedule.n,
-                                           **({"t_out": True} if out.t_out else {})))
+                          shared(fam.shared_bytes, panel, rows, out, schedule))
 
 
 def prepares(out: PanelOutputs) -> bool:
     """Whether a panel forms G and T in its kernel (their shared memory): for products of its own, or t_out."""
     return (out.trail and not out.vt_only) or out.t_out
+
+
+def shared(fn, panel, rows: int, out: PanelOutputs, schedule) -> int:
+    """A family's shared_bytes or spec_shared for the panel's outputs: t_out (which cols alone forms) as a keyword
+    where it is set (plan/family)."""
+    return fn(panel, rows, prepares(out), schedule.m, schedule.n, **({"t_out": True} if out.t_out else {}))
 
 
 def check_place(schedule, index: int, trail: bool) -> None:
@@ -127,8 +132,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
             v_row, v_ld, v_bs = c0 - agg.a0, agg.rows, (agg.a1 - agg.a0) * agg.rows
         spec = KernelSpec("", panel.variant, panel.width, panel.threads, panel.blocks, fam.slots(panel, rows),
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
-                          fam.spec_shared(panel, rows, prepares(out), schedule.m, schedule.n,
-                                          **({"t_out": True} if out.t_out else {})), (),
+                          shared(fam.spec_shared, panel, rows, out, schedule), (),
                           panel.cluster, panel.loop, vt_only=out.vt_only,
                           pack=panel_pack(panel, trail, target), t_out=out.t_out)
         if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:
