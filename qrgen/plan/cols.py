@@ -99,18 +99,17 @@ def held(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> int:
 
 
 def shared_bytes_of(width: int, slots_: int, trail: bool, held_: int | None = None, t_out: bool = False) -> int:
-    """The held reflectors (padded rows; all of them unless given), every tau, G and T when it prepares (VT)^T
-    (trail), G alone with t_out (T in its free triangle), and one 8-byte mbarrier per reflector (panel_cols's
-    layout)."""
+    """The held reflectors (padded rows; all of them unless given), every tau, G and T where it forms them (trail:
+    for (VT)^T, or with t_out for its aggregate, T then in G's free triangle), and one 8-byte mbarrier per reflector
+    (panel_cols's layout)."""
     held_ = width if held_ is None else held_
-    floats = held_ * slots_ * 32 + width + (2 if trail else 1 if t_out else 0) * width * (width + 1)
+    floats = held_ * slots_ * 32 + width + (0 if not trail else 1 if t_out else 2) * width * (width + 1)
     return 4 * (floats + (floats & 1)) + 8 * width
 
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int, t_out: bool = False) -> int:
     s = slots(panel, rows)
-    return shared_bytes_of(panel.width, s, trail and not t_out, held(panel.width, s, panel.slice, panel.blocks, trail),
-                           t_out)
+    return shared_bytes_of(panel.width, s, trail, held(panel.width, s, panel.slice, panel.blocks, trail), t_out)
 
 
 spec_shared = shared_bytes
@@ -123,7 +122,7 @@ def t_out(panel, rows: int, target) -> bool:
     s = slots(panel, rows)
     return (panel.blocks == 1 and panel.width % panel.slice == 0 and not streams(s, panel.slice, panel.threads)
             and panel.width <= s * 32  # t_join's X where V was (panel_cols)
-            and shared_bytes_of(panel.width, s, False, t_out=True) <= target.limits.shared_bytes)
+            and shared_bytes_of(panel.width, s, True, t_out=True) <= target.limits.shared_bytes)
 
 
 def vec(panel, n: int, c0: int) -> int:

@@ -100,7 +100,7 @@ def cols_as_measured(schedule, target) -> bool:
         out = panel_outputs(schedule, index, aggs, target=target)
         prep = prepares(out)
         if (cols.streams(cols.slots(panel, rows), panel.slice, panel.threads)
-                or cols.shared_bytes_of(panel.width, cols.slots(panel, rows), prep and not out.t_out, t_out=out.t_out)
+                or cols.shared_bytes_of(panel.width, cols.slots(panel, rows), prep, t_out=out.t_out)
                 > target.limits.shared_bytes):
             return False
     return True

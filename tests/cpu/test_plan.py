@@ -132,9 +132,9 @@ def test_cols_panels_that_are_their_aggregate_write_t():
     assert [L.t_out for L in p.launches] == [True, True, False]
     assert [L.kernel for L in p.launches] == ["qr_cols_w64_c8_s6_v4_vtt", "qr_cols_w64_c8_s4_v4_vtt",
                                               "qr_cols_w64_c8_s2_v4"]
-    assert p.launches[0].shared_bytes == cols.shared_bytes_of(64, 6, False, t_out=True) > cols.shared_bytes_of(64, 6,
-                                                                                                          False)
-    assert cols.shared_bytes_of(64, 6, False, t_out=True) < cols.shared_bytes_of(64, 6, True)  # T in G's triangle
+    assert p.launches[0].shared_bytes == cols.shared_bytes_of(64, 6, True, t_out=True) > cols.shared_bytes_of(64, 6,
+                                                                                                         False)
+    assert cols.shared_bytes_of(64, 6, True, t_out=True) < cols.shared_bytes_of(64, 6, True)  # T in G's triangle
     assert not any(k.name == tmat.NAME or k.kind == "gram" for k in p.kernels)
     assert [L.t_out for L in plan(s, keep=True).launches] == [True, True, True]  # in keep plans the last one too
     assert not any(L.t_out for L in plan(COLS_SCHEDULES[6]).launches)  # clusters of two
@@ -144,7 +144,7 @@ def test_cols_panels_that_are_their_aggregate_write_t():
     tall = Schedule(352, 352, (Panel(64, "cols", 256, 1, 8),) * 5 + (Panel(32, "cols", 128, 1, 8),), aggregate=64)
     sm86 = Target("cuda", "sm_86")
     assert (cols.shared_bytes_of(64, 11, False) <= sm86.limits.shared_bytes
-            < cols.shared_bytes_of(64, 11, False, t_out=True))
+            < cols.shared_bytes_of(64, 11, True, t_out=True))
     assert plan(tall).launches[0].t_out and not plan(tall, sm86).launches[0].t_out
 
 
