@@ -6,6 +6,13 @@ Calls back to back: past the launch queue's depth the host waits for the GPU, so
 host figure is the GPU's pace, not the host's own time (that needs the GPU idle before each call).
 
     python3 tools/host_overhead.py 20x32x32 40x176x176 [--profile] [--calls 2000]
+    python3 tools/host_overhead.py 60x1024x1024 40x176x176 --queued
+
+--queued asks whether the host adds to a call at all: for geqrf on CuPy and torch inputs, a spin kernel of about
+20 ms, the L2 flush, then the call, so the host queues the whole call while the GPU is busy; the host's time to
+queue it, the call's GPU time from an event after the flush, and the eager time (the flush, then the call, the host
+issuing as it goes), medians of 15. Where the queued GPU time equals the eager time, the host adds nothing; an
+eager call's time past its graph replay is then the GPU's, between a stream's launches.
 """
 import sys
 from pathlib import Path
@@ -15,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import cupy
+import numpy as np
 
 import qrgen
 from tools import cases
@@ -36,17 +45,63 @@ def per_call_us(fn, calls: int) -> tuple[float, float]:
     return host, (time.perf_counter() - start) / calls * 1e6
 
 
+SPIN = r'''extern "C" __global__ void spin(long long n) { long long t = clock64(); while (clock64() - t < n); }'''
+
+
+def queued_us(fn, inputs: list, reps: int = 15) -> tuple[float, float, float]:
+    """(host µs to queue fn(x), GPU µs of it fully queued, eager µs) as medians (the module's --queued)."""
+    spin = cupy.RawKernel(SPIN, "spin")
+    flush = cupy.empty(64 * 1024 * 1024, dtype=cupy.float32)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    for x in inputs:
+        fn(x)
+    cupy.cuda.runtime.deviceSynchronize()
+    host, queued, eager = [], [], []
+    for i in range(reps):
+        x = inputs[i % len(inputs)]
+        spin((1,), (1,), (np.int64(40_000_000),))  # about 20 ms at 2 GHz
+        flush.fill(i)
+        start.record()
+        t0 = time.perf_counter()
+        out = fn(x)
+        host.append((time.perf_counter() - t0) * 1e6)
+        stop.record()
+        stop.synchronize()
+        queued.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+        del out
+        flush.fill(i + 1)
+        start.record()
+        out = fn(x)
+        stop.record()
+        stop.synchronize()
+        eager.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+        del out
+    return statistics.median(host), statistics.median(queued), statistics.median(eager)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="*", type=cases.case, default=[cases.case("20x32x32")], metavar="BATCHxMxN",
                     help="default 20x32x32")
     ap.add_argument("--calls", type=int, default=2000, help="calls timed a measurement (default 2000)")
     ap.add_argument("--profile", action="store_true", help="also cProfile's top functions of 500 calls each")
+    ap.add_argument("--queued", action="store_true",
+                    help="instead: geqrf's host time to queue a call with the GPU busy, its GPU time so queued and "
+                         "its eager time, on CuPy and torch inputs")
     args = ap.parse_args()
     try:
         import torch
     except ImportError:
         torch = None
+    if args.queued:
+        for case in args.cases:
+            sets = [cupy.random.standard_normal((case.batch, case.m, case.n), dtype=cupy.float32) for _ in range(2)]
+            kinds = [("cupy", sets)] + ([("torch", [torch.as_tensor(x, device="cuda") for x in sets])] if torch else [])
+            for kind, inputs in kinds:
+                host, queued, eager = queued_us(qrgen.geqrf, inputs)
+                print(f"{case.batch} x {case.m}x{case.n} geqrf {kind}: host {host:.1f} us to queue the call, GPU "
+                      f"{queued:.1f} us fully queued, eager {eager:.1f} us", flush=True)
+        return
     noop = cupy.RawKernel('extern "C" __global__ void noop(float* a, float* b) {}', "noop")
 
     def floor():
