@@ -36,7 +36,8 @@ class PackedArgs:
 
 def launch_panel(func, L, batch: int, stream: int, args: PackedArgs) -> None:
     """A panel kernel's launch for `batch` matrices (its argument nb set here): L.blocks blocks each (or a block for
-    L.pack of them), cooperative where the blocks of a matrix wait for each other (all must then be resident)."""
+    L.pack of them), cooperative where the blocks of a matrix wait for each other (all must then be resident); in
+    stream order (docs/decisions.md#stream-order-launches)."""
     import cupy
 
     driver = cupy.cuda.driver
