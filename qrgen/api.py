@@ -206,7 +206,7 @@ def qr(a, mode: str = "reduced", *, precision: str | None = None, factorizer=Non
             return q, qmatrix.r_factor(h, complete=mode == "complete")
 
         with on_caller_stream(arr) as stream:
-            out = replay.call(("qr", id(fac), mode, precision), run, (data.reshape(batch, m, n),), stream, fac)
+            out = replay.call(("qr", fac.serial, mode, precision), run, (data.reshape(batch, m, n),), stream, fac)
     r = arr.wrap(out[-1].reshape(*lead, -1, n))
     return r if mode == "r" else (arr.wrap(out[0].reshape(*lead, m, qcols)), r)
 
@@ -250,7 +250,7 @@ def lstsq(a, b, *, precision: str | None = None, factorizer=None):
             def run(s, a3, b3):
                 return qmatrix.lstsq(*fac.run(a3, s), b3)
 
-            x, res = replay.call(("lstsq", id(fac)), run, (ad.reshape(batch, m, n), rhs), stream, fac)
+            x, res = replay.call(("lstsq", fac.serial), run, (ad.reshape(batch, m, n), rhs), stream, fac)
         x = x.reshape(*lead, n) if vector else x.reshape(*lead, n, -1)
         res = res.reshape(*lead) if vector else res.reshape(*lead, -1)
     return arrs["a"].wrap(x), arrs["a"].wrap(res)

@@ -21,6 +21,7 @@ import cupy
 from qrgen.problem import Problem
 from qrgen.run.cuda_engine import CudaEngine
 from qrgen.run.factorizer import Factorizer
+from qrgen.run.recorded import Direct
 from qrgen.run.sequence import drive
 from qrgen.run.workspace import Workspace
 from qrgen.schedule.files import find
@@ -93,7 +94,8 @@ def timed_call(fac, a) -> tuple:
     with ws.streams.from_stream(cupy.cuda.get_current_stream()):
         if ws.multi_block:
             ws.flags.fill(0)
-        engine = Marked(CudaEngine(fac, ws, funcs, h, tau, None, None, device, ws.streams))
+        engine = Marked(CudaEngine(fac, ws, funcs, h.shape[0], h.data.ptr, tau.data.ptr, None, None, device, Direct(),
+                                    ws.streams))
         drive(fac, engine)
     cupy.cuda.Device().synchronize()
     return start, engine.marks

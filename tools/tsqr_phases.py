@@ -20,6 +20,7 @@ from qrgen.plan import tsqr
 from qrgen.problem import Problem
 from qrgen.run.cuda_engine import CudaEngine
 from qrgen.run.factorizer import Factorizer
+from qrgen.run.recorded import Direct
 from qrgen.run.workspace import Workspace
 from qrgen.schedule.files import find, load
 from tools import cases
@@ -61,7 +62,7 @@ def report(case, target, path=None) -> None:
     tau = cupy.empty((batch, min(m, n)), dtype=cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        engine = CudaEngine(fac, ws, funcs, h, tau, None, None, device)
+        engine = CudaEngine(fac, ws, funcs, batch, h.data.ptr, tau.data.ptr, None, None, device, Direct())
     _, func = funcs[L.kernel]
     phases = tsqr.tsqr_phases(L.levels, L.width)
 

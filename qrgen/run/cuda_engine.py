@@ -6,29 +6,29 @@ import contextlib
 
 from ..plan import apply3, fused, rowsplit, scale, tf32x3, tmat, tsqr
 from ..plan.family import PANEL_SIGNATURE
-from . import cublas
 from .engine import SkipStages
 from .launch import PackedArgs, launch_panel
+from .recorded import SYMBOLS, Direct, Recorder, symbolic
 from .sequence import drive, drive_q
 
 
 class CudaEngine:
     """drive()'s operations as kernel launches and cuBLAS calls on CuPy's current stream."""
 
-    def __init__(self, fac, ws, funcs: dict, h, tau, src, stages: list | None, device_id: int, streams=None):
+    def __init__(self, fac, ws, funcs: dict, nb: int, h_ptr: int, tau_ptr: int, src_ptr: int | None,
+                 stages: list | None, device_id: int, sink, streams=None):
         import cupy
 
         self.fac, self.ws, self.funcs, self.stages, self.streams = fac, ws, funcs, stages, streams
         self.cupy = cupy
         self.device_id = device_id
+        self.sink = sink  # where the operations go (run/recorded.py: queued now, or recorded)
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
         self.sizes, self.sms = ws.sizes, ws.sms
-        self.nb = h.shape[0]
+        self.nb = nb
         # The side stream's GEMMs plan for the SMs the panels leave (docs/decisions.md#side-sms)
         self.side_sms = max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb)
-        self.h, self.tau, self.src = h, tau, src
-        self.h_ptr, self.tau_ptr = h.data.ptr, tau.data.ptr
-        self.src_ptr = None if src is None else src.data.ptr
+        self.h_ptr, self.tau_ptr, self.src_ptr = h_ptr, tau_ptr, src_ptr
         self.strides = ws.strides
         self.ptrs = {**ws.ptrs, "h": self.h_ptr}
 
@@ -45,7 +45,7 @@ class CudaEngine:
             stop.record()
 
     def zero(self, name):
-        self.cupy.cuda.runtime.memsetAsync(self.ptrs[name], 0, 4 * self.nb * self.strides[name], self.stream_ptr)
+        self.sink.memset(self.ptrs[name], 4 * self.nb * self.strides[name], self.stream_ptr)
 
     def panel(self, index, L, epoch, v, z):
         _, func = self.funcs[L.kernel]
@@ -69,7 +69,7 @@ class CudaEngine:
                 if self.fac.keep:  # the kept regions' offsets scale with the chunk's matrices
                     args.set(3, ws.ptrs[v[0]] + 4 * v[1])
                     args.set(4, ws.ptrs[z[0]] + 4 * z[1])
-            launch_panel(func, L, self.nb, self.stream_ptr, args)
+            launch_panel(func, L, self.nb, self.stream_ptr, args, self.sink)
         self._done(stop)
 
     def _tsqr(self, index, func, L, src, v, z):
@@ -84,7 +84,6 @@ class CudaEngine:
                     src, self.h_ptr, self.tau_ptr, ws.ptrs[v[0]] + 4 * v[1], ws.ptrs[z[0]] + 4 * z[1],
                     ws.ptrs["tsqr_tree"], self.strides["tsqr_tree"], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
                     L.c0, L.v_ld, L.v_bs))) for ph in tsqr.tsqr_phases(L.levels, L.width)]
-        launch = self.cupy.cuda.driver.launchKernel
         for tiles, args in packed:
             args.set(0, src)
             args.set(1, self.h_ptr)
@@ -92,7 +91,7 @@ class CudaEngine:
             if self.fac.keep:
                 args.set(3, ws.ptrs[v[0]] + 4 * v[1])
                 args.set(4, ws.ptrs[z[0]] + 4 * z[1])
-            launch(func.ptr, tiles, self.nb, 1, L.threads, 1, 1, L.shared_bytes, self.stream_ptr, args.address, 0)
+            self.sink.kernel(func.ptr, (tiles, self.nb, 1), L.threads, L.shared_bytes, self.stream_ptr, args)
 
     def tmat(self, agg, side=False):
         _, func = self.funcs[tmat.NAME]
@@ -113,7 +112,7 @@ class CudaEngine:
         grid = (min(per_matrix, -(-self.fac.m * self.fac.n // (4 * scale.THREADS))), self.nb, 1)
         amax = self.ws.amax.data.ptr
         if phase == 0:
-            self.cupy.cuda.runtime.memsetAsync(amax, 0, 4 * self.nb, self.stream_ptr)
+            self.sink.memset(amax, 4 * self.nb, self.stream_ptr)
         src = self.src_ptr if (phase == 0 and self.src_ptr is not None) else self.h_ptr
         for p in ((0, 1) if phase == 0 else (2,)):
             self.launch(func, grid, scale.THREADS, 0, scale.SIGNATURE,
@@ -132,24 +131,23 @@ class CudaEngine:
         else:
             for i, v in enumerate(values):
                 args.set(i, v)
-        self.cupy.cuda.driver.launchKernel(func.ptr, *grid, threads, 1, 1, shared,
-                                           self.stream_ptr if stream is None else stream, args.address, 0)
+        self.sink.kernel(func.ptr, grid, threads, shared, self.stream_ptr if stream is None else stream, args)
 
     def fork(self):
         if self.streams is not None:
-            self.streams.fork()
+            self.streams.fork(self.sink)
 
     def join(self):
         if self.streams is not None:
-            self.streams.join()
+            self.streams.join(self.sink)
 
     def mark(self):
         if self.streams is not None:
-            self.streams.mark()
+            self.streams.mark(self.sink)
 
     def wait_mark(self):
         if self.streams is not None:
-            self.streams.wait_mark()
+            self.streams.wait_mark(self.sink)
 
     def gemm(self, stage, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
              precision, via="cublas", side=False, t=None):
@@ -183,10 +181,10 @@ class CudaEngine:
                 raise RuntimeError("an aggregate's projection with T that the tf32x3 kernels do not take "
                                    "(tf32x3.t_fused admitted it)")
             precision = "fp32"  # products the tf32x3 kernels do not take (thin or not 16-byte aligned): cuBLAS fp32
-        cublas.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows, cols,
-                    depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb, beta,
-                    self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side),
-                    sm_target=self.side_sms if side else 0)
+        self.sink.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, trans_a, trans_b, rows,
+                       cols, depth, alpha, self.ptrs[a[0]] + 4 * a[1], lda, sa, self.ptrs[b[0]] + 4 * b[1], ldb, sb,
+                       beta, self.ptrs[c[0]] + 4 * c[1], ldc, sc, self.nb, precision, slot=int(side),
+                       sm_target=self.side_sms if side else 0)
         self._done(stop)
 
     def tf32x3_gemm(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
@@ -224,9 +222,9 @@ class CudaEngine:
         parts chunk * stride floats apart) added into part 0 at c, as a product with a vector of ones in fp32; `side`:
         on the side lane (gemm's, resolved: the plan has two streams)."""
         base, step = self.ptrs[c[0]] + 4 * c[1], self.ws.chunk * stride
-        cublas.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, False, False, 1, floats,
-                    parts - 1, 1.0, self.ptrs["ones"], parts - 1, 0, base + 4 * step, step, stride, 1.0, base, floats,
-                    stride, self.nb, "fp32", slot=int(side), sm_target=self.side_sms if side else 0)
+        self.sink.gemm(self.device_id, self.streams.side.ptr if side else self.stream_ptr, False, False, 1, floats,
+                       parts - 1, 1.0, self.ptrs["ones"], parts - 1, 0, base + 4 * step, step, stride, 1.0, base,
+                       floats, stride, self.nb, "fp32", slot=int(side), sm_target=self.side_sms if side else 0)
 
     def fused(self, z, zld, zs, v, vld, vs, width, rows, c, nc):
         """A panel's W = Z^T C and C -= V W (C: rows x nc of h from offset c[1]) in one launch of the fused kernel
@@ -278,26 +276,51 @@ class CudaEngine:
 
 
 def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None, skip=(), q=None) -> None:
-    """In place on h (batch, m, n), writing tau (batch, k); on CuPy's current stream. The first panel reads src
-    (the input) instead of h where given. With `stages`, each launch is bracketed by CUDA events appended there
-    as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat" or "aggregate";
-    a lookahead schedule then runs on one stream (each launch timed alone), else on its two streams."""
+    """In place on h (batch, m, n), C-contiguous, writing tau (batch, k); on CuPy's current stream. The first panel
+    reads src (the input, C-contiguous) instead of h where given. With `stages`, each launch is bracketed by CUDA
+    events appended there as (stage, launch, start, stop), stage being "panel", "project", "update", "gram", "tmat"
+    or "aggregate"; a lookahead schedule then runs on one stream (each launch timed alone), else on its two streams.
+    Otherwise the operations are recorded once per workspace and kind of call (run/recorded.py) and replayed."""
     import cupy
 
-    funcs = ws.funcs  # the kernels the workspace's chunk was sized for
-    batch = h.shape[0]
     streams = ws.streams if stages is None else None
+    bases = (h.data.ptr, tau.data.ptr, 0 if src is None else src.data.ptr, 0 if q is None else q.data.ptr)
+    kind = (src is not None, None if q is None else (q.shape[2], q.strides[0]))
     with streams.from_stream(cupy.cuda.get_current_stream()) if streams else contextlib.nullcontext():
-        for b0 in range(0, batch, ws.chunk):
-            nb = min(ws.chunk, batch - b0)
-            whole = nb == batch
-            hc, tc = (h, tau) if whole else (h[b0:b0 + nb], tau[b0:b0 + nb])
-            sc = None if src is None else (src if whole else src[b0:b0 + nb])
-            if ws.multi_block:  # a memset, not a CuPy kernel (docs/decisions.md#render-index)
-                cupy.cuda.runtime.memsetAsync(ws.flags.data.ptr, 0, ws.flags.nbytes,
-                                              cupy.cuda.get_current_stream().ptr)
-            engine = CudaEngine(fac, ws, funcs, hc, tc, sc, stages, device_id, streams)
-            drive(fac, SkipStages(engine, skip) if skip else engine)
-            if q is not None:
-                engine.ptrs["q"] = q[b0:b0 + nb].data.ptr
-                drive_q(fac, engine, q.shape[2])
+        if stages is not None or skip:
+            _queue(fac, ws, device_id, h.shape[0], bases, kind, Direct(), streams, stages, skip)
+            return
+        ops = ws.recorded.get(kind)
+        if ops is None:
+            recorder = Recorder()
+            _queue(fac, ws, device_id, h.shape[0], tuple(symbolic(name) for name in SYMBOLS), kind, recorder,
+                   streams)
+            ops = ws.recorded[kind] = recorder.finish()
+        if streams is not None:
+            streams.pending = ops.waits  # (a replay that fails midway leaves the caller's stream joined to both)
+        ops.run(bases)
+        if streams is not None:
+            streams.pending = False
+
+
+def _queue(fac, ws, device_id: int, batch: int, bases: tuple, kind: tuple, sink, streams, stages=None,
+           skip=()) -> None:
+    """factor's operations into `sink`, chunk by chunk: bases are the addresses of h, tau, src and Q (SYMBOLS'
+    order; src and Q's used where `kind` says the call has them), kind factor's (src given, Q's columns and
+    matrix stride)."""
+    h_ptr, tau_ptr, src_ptr, q_ptr = bases
+    has_src, q = kind
+    import cupy
+
+    matrix = 4 * fac.m * fac.n  # bytes of a matrix of h and of src
+    stream = cupy.cuda.get_current_stream().ptr
+    for b0 in range(0, batch, ws.chunk):
+        nb = min(ws.chunk, batch - b0)
+        if ws.multi_block:  # a memset, not a CuPy kernel (docs/decisions.md#render-index)
+            sink.memset(ws.flags.data.ptr, ws.flags.nbytes, stream)
+        engine = CudaEngine(fac, ws, ws.funcs, nb, h_ptr + b0 * matrix, tau_ptr + 4 * b0 * fac.k,
+                            src_ptr + b0 * matrix if has_src else None, stages, device_id, sink, streams)
+        drive(fac, SkipStages(engine, skip) if skip else engine)
+        if q is not None:
+            engine.ptrs["q"] = q_ptr + b0 * q[1]
+            drive_q(fac, engine, q[0])

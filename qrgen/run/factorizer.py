@@ -2,6 +2,7 @@
 arrays of that shape through the CUDA engine (graph replay where it pays, one launch where that is all)."""
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -20,7 +21,8 @@ from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function, sm_count
 from .workspace import Workspace
 
-log = logging.getLogger("qrgen")  # what a first call compiles, at INFO (silent unless the caller configures logging)
+log = logging.getLogger("qrgen")
+_SERIALS = itertools.count(1)  # what a first call compiles, at INFO (silent unless the caller configures logging)
 
 
 class Factorizer:
@@ -30,6 +32,9 @@ class Factorizer:
                  keep: bool = False):
         if (schedule.m, schedule.n) != (m, n):
             raise ValueError(f"schedule is for {schedule.m}x{schedule.n}, not {m}x{n}")
+        # a number no other Factorizer of the process has, which keys its replay plans (run/replay.py): an id() is
+        # reused once its object is gone, and a new factorizer would find the plan decided for the old one
+        self.serial = next(_SERIALS)
         self.m, self.n, self.k = m, n, min(m, n)
         self.schedule = schedule
         self.target = target
@@ -338,7 +343,7 @@ def factor_device(fac: "Factorizer | None", arr):
             if fac.one_launch:  # nothing for a graph replay to save
                 h, tau = fac.run(x, stream)
             else:
-                h, tau = replay.call(("geqrf", id(fac)), lambda s, y: fac.run(y, s), (x,), stream, fac,
+                h, tau = replay.call(("geqrf", fac.serial), lambda s, y: fac.run(y, s), (x,), stream, fac,
                                      replay.GEQRF_MAX_FLOATS)
         else:
             h = cupy.empty((batch, m, n), dtype=cupy.float32)

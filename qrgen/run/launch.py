@@ -26,27 +26,43 @@ class PackedArgs:
     copies the values when the launch is queued, so rewriting them for the next call is safe."""
 
     def __init__(self, signature: str, values):
-        self.values = [CTYPES[code](v) for code, v in zip(signature, values)]
-        self.pointers = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        self._pack([CTYPES[code](v) for code, v in zip(signature, values)])
+
+    def _pack(self, values: list) -> None:
+        self.values = values
+        self.pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         self.address = ctypes.addressof(self.pointers)
 
     def set(self, index: int, value) -> None:
         self.values[index].value = value
 
+    def copy(self) -> "PackedArgs":
+        """Packed arguments of their own with the same values now."""
+        out = PackedArgs.__new__(PackedArgs)
+        out._pack([type(v)(v.value) for v in self.values])
+        return out
 
-def launch_panel(func, L, batch: int, stream: int, args: PackedArgs) -> None:
-    """A panel kernel's launch for `batch` matrices (its argument nb set here): L.blocks blocks each (or a block for
-    L.pack of them), cooperative where the blocks of a matrix wait for each other (all must then be resident); in
-    stream order (docs/decisions.md#stream-order-launches)."""
+
+def queue_kernel(func_ptr: int, grid: tuple, threads: int, shared: int, stream: int, args: PackedArgs,
+                 cooperative: bool = False) -> None:
+    """One kernel launch on `stream` (cooperative: all its blocks resident at once), in stream order
+    (docs/decisions.md#stream-order-launches)."""
     import cupy
 
     driver = cupy.cuda.driver
-    args.set(PANEL_BATCH_ARG, batch)
-    grid = panel_grid(L, batch)
-    if L.cooperative:
-        driver.launchCooperativeKernel(func.ptr, grid, 1, 1, L.threads, 1, 1, L.shared_bytes, stream, args.address)
+    if cooperative:
+        driver.launchCooperativeKernel(func_ptr, *grid, threads, 1, 1, shared, stream, args.address)
     else:
-        driver.launchKernel(func.ptr, grid, 1, 1, L.threads, 1, 1, L.shared_bytes, stream, args.address, 0)
+        driver.launchKernel(func_ptr, *grid, threads, 1, 1, shared, stream, args.address, 0)
+
+
+def launch_panel(func, L, batch: int, stream: int, args: PackedArgs, sink=None) -> None:
+    """A panel kernel's launch for `batch` matrices (its argument nb set here): L.blocks blocks each (or a block for
+    L.pack of them), cooperative where the blocks of a matrix wait for each other (all must then be resident);
+    queued now, or by `sink` (run/recorded.py)."""
+    args.set(PANEL_BATCH_ARG, batch)
+    (queue_kernel if sink is None else sink.kernel)(func.ptr, (panel_grid(L, batch), 1, 1), L.threads,
+                                                     L.shared_bytes, stream, args, L.cooperative)
 
 
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # (CuPy does not name it)

@@ -8,6 +8,7 @@ from ..plan import rowsplit
 from ..targets.cuda import GRID_YZ
 from .buffers import Sizes, buffer_names, gram_parts, w_parts
 from .launch import PackedArgs, sm_count
+from .recorded import Direct, Recorded
 
 class Workspace:
     """Buffers the launch sequence needs beside h and tau, kept between calls."""
@@ -59,6 +60,7 @@ class Workspace:
         self.tsqr_args: dict[int, list] = {}  # per tsqr panel, (tiles, packed arguments) per phase
         self.packed: dict[str, PackedArgs] = {}  # per signature, the other kernels' (CudaEngine.launch)
         self.streams = Streams() if fac.schedule.lookahead else None
+        self.recorded: dict[tuple, Recorded] = {}  # per kind of call, its operations (run/recorded.py)
 
 
 HIGH_PRIORITY = -1000  # CUDA clamps a stream priority to the device's range: this is its highest
@@ -89,23 +91,23 @@ class Streams:
                 yield
         finally:  # also when a launch failed midway: the caller's later work still waits for what was queued
             if self.pending:  # (a join without a fork would wait on the side stream's work of another call)
-                self.join()
+                self.join(Direct())
             self.done.record(self.main)
             caller.wait_event(self.done)
 
-    def fork(self):
-        self.forked.record(self.main)
-        self.side.wait_event(self.forked)
+    def fork(self, sink):
+        sink.record(self.forked.ptr, self.main.ptr)
+        sink.wait(self.side.ptr, self.forked.ptr)
         self.pending = True
 
-    def join(self):
-        self.joined.record(self.side)
-        self.main.wait_event(self.joined)
+    def join(self, sink):
+        sink.record(self.joined.ptr, self.side.ptr)
+        sink.wait(self.main.ptr, self.joined.ptr)
         self.pending = False
 
-    def mark(self):
+    def mark(self, sink):
         """A point in the side stream's queue that wait_mark makes the main stream wait for (the latest mark)."""
-        self.marked.record(self.side)
+        sink.record(self.marked.ptr, self.side.ptr)
 
-    def wait_mark(self):
-        self.main.wait_event(self.marked)
+    def wait_mark(self, sink):
+        sink.wait(self.main.ptr, self.marked.ptr)

@@ -73,3 +73,21 @@ def test_end_capture_without_the_driver_library_is_cupys(monkeypatch):
     stream = _Stream()
     stream.end_capture = lambda: "cupy's graph"
     assert replay.end_capture(stream) == "cupy's graph"
+
+
+def test_factorizers_never_share_a_plan_key():
+    """Replay plans are keyed by a factorizer's serial, which no other factorizer of the process has: an id() is
+    reused once its object is gone, and a new factorizer would find the plan decided (eager, say) for the old one."""
+    import gc
+
+    from qrgen.run.factorizer import Factorizer
+
+    target = Target("cuda", "sm_90")
+    schedule = factorizer_for(352, 352, 40, target).schedule
+    seen = set()
+    for _ in range(5):
+        fac = Factorizer(352, 352, schedule, target)
+        assert fac.serial not in seen
+        seen.add(fac.serial)
+        del fac
+        gc.collect()

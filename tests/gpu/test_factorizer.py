@@ -248,3 +248,33 @@ def test_committed_fp16_schedules_far_from_unit_scale(batch):
     for factor in (1e4, 1e-6):
         result = geqrf_checked((a * factor).astype(np.float32), fac)
         assert result.ok, (factor, result)
+
+
+@pytest.mark.parametrize("panel_update,lookahead,reach,q", [
+    ("cublas", 0, False, False), ("fused", 2, False, False), ("cublas", 2, True, False), ("cublas", 0, False, True)])
+def test_recorded_calls_match_direct_launches(panel_update, lookahead, reach, q):
+    """A call's operations recorded once per workspace and replayed with each call's addresses (run/recorded.py)
+    give, bit for bit, what queueing them one by one gives: calls after the first, on new inputs and outputs at new
+    addresses, on one stream and on a lookahead's two (with reach, a mark between them), and a keep plan's Q."""
+    import contextlib
+
+    import cupy
+
+    from qrgen.run.recorded import Direct
+    from qrgen.run.workspace import Workspace
+
+    schedule = aggregated_schedule(300, 200, 16, 64, panel_update, lookahead, reach)
+    fac = Factorizer(300, 200, schedule, SM90, keep=q)
+    stream = cupy.cuda.get_current_stream()
+    for seed in range(3):
+        a = cupy.asarray(mixed(300, 200, 5, seed=seed)[0])
+        qs = [cupy.asarray(np.broadcast_to(np.eye(300, 200, dtype=np.float32), (5, 300, 200))) for _ in range(2)]
+        h, tau = fac.run(a, stream, q=qs[0] if q else None)
+        ws = Workspace(fac, 5, a.device.id)
+        h2, tau2 = a.copy(), cupy.empty_like(tau)
+        with ws.streams.from_stream(stream) if ws.streams else contextlib.nullcontext():
+            cuda_engine._queue(fac, ws, a.device.id, 5, (h2.data.ptr, tau2.data.ptr, 0, qs[1].data.ptr),
+                               (False, (200, qs[1].strides[0]) if q else None), Direct(), ws.streams)
+        assert cupy.array_equal(h, h2) and cupy.array_equal(tau, tau2), f"seed {seed}: {schedule.describe()}"
+        assert not q or cupy.array_equal(qs[0], qs[1])
+    assert sum(len(w.recorded) for w in fac._workspaces.values()) == 1  # one kind of call, recorded once
