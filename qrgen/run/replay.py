@@ -27,6 +27,7 @@ import functools
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 from .arrays import device_copy
@@ -36,7 +37,8 @@ from .arrays import device_copy
 REPLAY_MAX_FLOATS = 1 << 23
 # ... and geqrf up to this many (128 MiB), whose large calls on few matrices queue hundreds of launches
 GEQRF_MAX_FLOATS = 1 << 25
-REPLAY_PLANS = 32  # kinds tracked at most (a graph holds a copy of its buffers); past them calls run eagerly
+REPLAY_PLANS = 32  # kinds tracked at most (a graph holds a copy of its buffers); past them calls run eagerly, once
+# the kinds called once and those whose owner is gone are forgotten
 HELD_MAX_BYTES = 1 << 30  # device memory the graphs' own buffers may hold in all; a capture past it is dropped
 _ENV = "QRGEN_REPLAY"
 
@@ -59,6 +61,7 @@ class _Plan:
     keep: tuple = ()  # what the graph's memory and launches need alive: the pool, the capture stream, fn's owner
     held: int = 0  # bytes of device memory the graph's inputs and pool hold
     timed: tuple = ()  # (eager µs, replayed µs) as _replay_faster measured them at the capture
+    owner: object = None  # a weak reference to the call's owner (a kind whose owner is gone is never called again)
 
 
 PLANS: dict[tuple, _Plan] = {}  # by kind (call's key with the shapes, device and stream)
@@ -77,11 +80,11 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
     with _LOCK:
         plan = PLANS.get(key)
         if plan is None:
-            if len(PLANS) >= REPLAY_PLANS:  # forget the kinds called once so far (a tuner's trials, say)
-                for k in [k for k, p in PLANS.items() if p.graph is None]:
+            if len(PLANS) >= REPLAY_PLANS:  # forget the kinds called once so far (a tuner's trials, say) and
+                for k in [k for k, p in PLANS.items() if p.graph is None or _gone(p)]:  # those of owners gone
                     del PLANS[k]
             if len(PLANS) < REPLAY_PLANS:
-                plan = PLANS[key] = _Plan()
+                plan = PLANS[key] = _Plan(owner=None if owner is None else weakref.ref(owner))
         if plan is not None:
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
@@ -91,6 +94,11 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
             if plan.graph:
                 return _replay(plan, arrays, stream)
     return fn(stream, *arrays)
+
+
+def _gone(plan: _Plan) -> bool:
+    """Whether the plan's owner no longer exists (its kind, keyed by the owner's serial, cannot come again)."""
+    return plan.owner is not None and plan.owner() is None
 
 
 def _replay(plan: _Plan, arrays: tuple, stream) -> tuple:

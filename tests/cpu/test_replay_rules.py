@@ -91,3 +91,27 @@ def test_factorizers_never_share_a_plan_key():
         seen.add(fac.serial)
         del fac
         gc.collect()
+
+
+def test_plans_of_owners_gone_make_room():
+    """Past REPLAY_PLANS kinds, those whose owner no longer exists (decided, eager or not, for a factorizer that is
+    gone) are forgotten too, so that a new factorizer's kind still gets a plan; an owner alive keeps its plan."""
+    import gc
+    import weakref
+
+    class Owner:
+        pass
+
+    replay.PLANS.clear()
+    alive = Owner()
+    replay.PLANS[("alive",)] = replay._Plan(calls=2, graph=False, owner=weakref.ref(alive))
+    for i in range(replay.REPLAY_PLANS - 1):
+        gone = Owner()
+        replay.PLANS[("gone", i)] = replay._Plan(calls=2, graph=False, owner=weakref.ref(gone))
+        del gone
+    gc.collect()
+    assert len(replay.PLANS) == replay.REPLAY_PLANS
+    assert replay.call(("new",), lambda stream, *a: ("eager",), (_Arr(5),), _Stream(), Owner()) == ("eager",)
+    assert ("alive",) in replay.PLANS and next(reversed(replay.PLANS))[0] == "new"
+    assert not [k for k in replay.PLANS if k[0] == "gone"]
+    replay.PLANS.clear()
