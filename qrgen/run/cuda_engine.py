@@ -288,13 +288,13 @@ def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None
     kind = (src is not None, None if q is None else (q.shape[2], q.strides[0]))
     with streams.from_stream(cupy.cuda.get_current_stream()) if streams else contextlib.nullcontext():
         if stages is not None or skip:
-            _queue(fac, ws, device_id, h.shape[0], bases, kind, Direct(), streams, stages, skip)
+            queue_operations(fac, ws, device_id, h.shape[0], bases, kind, Direct(), streams, stages, skip)
             return
         ops = ws.recorded.get(kind)
         if ops is None:
             recorder = Recorder()
-            _queue(fac, ws, device_id, h.shape[0], tuple(symbolic(name) for name in SYMBOLS), kind, recorder,
-                   streams)
+            queue_operations(fac, ws, device_id, h.shape[0], tuple(symbolic(name) for name in SYMBOLS), kind,
+                             recorder, streams)
             ops = ws.recorded[kind] = recorder.finish()
         if streams is not None:
             streams.pending = ops.waits  # (a replay that fails midway leaves the caller's stream joined to both)
@@ -303,8 +303,8 @@ def factor(fac, h, tau, ws, device_id: int, src=None, stages: list | None = None
             streams.pending = False
 
 
-def _queue(fac, ws, device_id: int, batch: int, bases: tuple, kind: tuple, sink, streams, stages=None,
-           skip=()) -> None:
+def queue_operations(fac, ws, device_id: int, batch: int, bases: tuple, kind: tuple, sink, streams,
+                     stages=None, skip=()) -> None:
     """factor's operations into `sink`, chunk by chunk: bases are the addresses of h, tau, src and Q (SYMBOLS'
     order; src and Q's used where `kind` says the call has them), kind factor's (src given, Q's columns and
     matrix stride)."""

@@ -25,7 +25,7 @@ def symbolic(name: str) -> int:
     return (SYMBOLS.index(name) + 1) << _SHIFT
 
 
-def _split(value: int) -> tuple[int, int] | None:
+def symbol_of(value: int) -> tuple[int, int] | None:
     """(symbol index, offset) of a symbolic address, None for any other value."""
     j = (value >> _SHIFT) - 1
     return (j, value & _MASK) if 0 <= j < len(SYMBOLS) else None
@@ -67,7 +67,7 @@ class Recorder:
     def kernel(self, func_ptr, grid, threads, shared, stream, args, cooperative=False):
         packed = args.copy()  # the values now; the engine rewrites its own for the next launch
         patches = tuple((i, *s) for i, v in enumerate(packed.values)
-                        if isinstance(v, ctypes.c_uint64) and (s := _split(v.value)) is not None)
+                        if isinstance(v, ctypes.c_uint64) and (s := symbol_of(v.value)) is not None)
         if cooperative:
             launch, extra = self.driver.launchCooperativeKernel, ()
         else:
@@ -81,7 +81,7 @@ class Recorder:
         self.ops.append(run)
 
     def memset(self, ptr, nbytes, stream):
-        memset, where = self.runtime.memsetAsync, _split(ptr)
+        memset, where = self.runtime.memsetAsync, symbol_of(ptr)
         if where is None:
             self.ops.append(lambda bases: memset(ptr, 0, nbytes, stream))
         else:
@@ -90,7 +90,7 @@ class Recorder:
 
     def gemm(self, device_id, stream_ptr, trans_a, trans_b, rows, cols, depth, alpha, a_ptr, lda, sa, b_ptr, ldb, sb,
              beta, c_ptr, ldc, sc, batch, precision, slot=0, sm_target=0):
-        where = [_split(p) for p in (a_ptr, b_ptr, c_ptr)]
+        where = [symbol_of(p) for p in (a_ptr, b_ptr, c_ptr)]
         fixed = [a_ptr, b_ptr, c_ptr]
 
         def run(bases):

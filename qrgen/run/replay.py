@@ -53,7 +53,7 @@ def forced() -> bool:
 
 
 @dataclass
-class _Plan:
+class Plan:
     calls: int = 0
     graph: object = None  # a Graph (or CuPy's) once captured; None before, False if the capture failed
     inputs: tuple = ()
@@ -64,7 +64,7 @@ class _Plan:
     owner: object = None  # a weak reference to the call's owner (a kind whose owner is gone is never called again)
 
 
-PLANS: dict[tuple, _Plan] = {}  # by kind (call's key with the shapes, device and stream)
+PLANS: dict[tuple, Plan] = {}  # by kind (call's key with the shapes, device and stream)
 _LOCK = threading.Lock()
 
 
@@ -84,7 +84,7 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
                 for k in [k for k, p in PLANS.items() if p.graph is None or _gone(p)]:  # those of owners gone
                     del PLANS[k]
             if len(PLANS) < REPLAY_PLANS:
-                plan = PLANS[key] = _Plan(owner=None if owner is None else weakref.ref(owner))
+                plan = PLANS[key] = Plan(owner=None if owner is None else weakref.ref(owner))
         if plan is not None:
             plan.calls += 1
             if plan.graph is None and plan.calls >= 2:  # a kind called once is not worth a graph
@@ -96,12 +96,12 @@ def call(key: tuple, fn, arrays: tuple, stream, owner=None, max_floats: int = RE
     return fn(stream, *arrays)
 
 
-def _gone(plan: _Plan) -> bool:
+def _gone(plan: Plan) -> bool:
     """Whether the plan's owner no longer exists (its kind, keyed by the owner's serial, cannot come again)."""
     return plan.owner is not None and plan.owner() is None
 
 
-def _replay(plan: _Plan, arrays: tuple, stream) -> tuple:
+def _replay(plan: Plan, arrays: tuple, stream) -> tuple:
     """One replayed call on `stream`: the arrays copied into the graph's inputs, the graph, its outputs copied into
     new arrays."""
     for static, a in zip(plan.inputs, arrays):
@@ -110,7 +110,7 @@ def _replay(plan: _Plan, arrays: tuple, stream) -> tuple:
     return tuple(device_copy(o, stream) for o in plan.outputs)
 
 
-def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
+def _capture(plan: Plan, fn, arrays: tuple, owner) -> None:
     """Capture fn on buffers of the plan's own; plan.graph stays False where the capture fails (the calls then
     run eagerly)."""
     import cupy
@@ -141,7 +141,7 @@ def _capture(plan: _Plan, fn, arrays: tuple, owner) -> None:
     plan.graph, plan.inputs, plan.outputs, plan.held = graph, inputs, tuple(outputs), held
 
 
-def _replay_faster(plan: _Plan, fn) -> bool:
+def _replay_faster(plan: Plan, fn) -> bool:
     """Whether a replayed call (its copies in and out around the graph) took the GPU less time than an eager call.
     Each is timed as the second of two back to back on the capture's stream, so that the host queues it while the
     first runs, as in a stream of calls: the eager call's time holds the host's queueing only where the host is the
@@ -167,7 +167,7 @@ def _replay_faster(plan: _Plan, fn) -> bool:
     return replay < eager
 
 
-def _drop(plan: _Plan) -> None:
+def _drop(plan: Plan) -> None:
     """The kind runs eagerly from now on; its graph and the memory it held go."""
     plan.graph, plan.inputs, plan.outputs, plan.keep, plan.held = False, (), (), (), 0
 

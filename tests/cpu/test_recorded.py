@@ -95,8 +95,8 @@ def test_symbols_stay_clear_of_device_addresses():
     other values do not split."""
     for j, name in enumerate(recorded.SYMBOLS):
         assert symbolic(name) >= 1 << 49
-        assert recorded._split(symbolic(name) + 12345) == (j, 12345)
-    assert recorded._split((1 << 49) - 1) is None
-    assert recorded._split(0) is None
+        assert recorded.symbol_of(symbolic(name) + 12345) == (j, 12345)
+    assert recorded.symbol_of((1 << 49) - 1) is None
+    assert recorded.symbol_of(0) is None
     with pytest.raises(ValueError):
         symbolic("workspace")

@@ -104,10 +104,10 @@ def test_plans_of_owners_gone_make_room():
 
     replay.PLANS.clear()
     alive = Owner()
-    replay.PLANS[("alive",)] = replay._Plan(calls=2, graph=False, owner=weakref.ref(alive))
+    replay.PLANS[("alive",)] = replay.Plan(calls=2, graph=False, owner=weakref.ref(alive))
     for i in range(replay.REPLAY_PLANS - 1):
         gone = Owner()
-        replay.PLANS[("gone", i)] = replay._Plan(calls=2, graph=False, owner=weakref.ref(gone))
+        replay.PLANS[("gone", i)] = replay.Plan(calls=2, graph=False, owner=weakref.ref(gone))
         del gone
     gc.collect()
     assert len(replay.PLANS) == replay.REPLAY_PLANS
