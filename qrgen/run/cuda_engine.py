@@ -308,10 +308,10 @@ def queue_operations(fac, ws, device_id: int, batch: int, bases: tuple, kind: tu
     """factor's operations into `sink`, chunk by chunk: bases are the addresses of h, tau, src and Q (SYMBOLS'
     order; src and Q's used where `kind` says the call has them), kind factor's (src given, Q's columns and
     matrix stride)."""
-    h_ptr, tau_ptr, src_ptr, q_ptr = bases
-    has_src, q = kind
     import cupy
 
+    h_ptr, tau_ptr, src_ptr, q_ptr = bases
+    has_src, q = kind
     matrix = 4 * fac.m * fac.n  # bytes of a matrix of h and of src
     stream = cupy.cuda.get_current_stream().ptr
     for b0 in range(0, batch, ws.chunk):

@@ -21,8 +21,8 @@ from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function, sm_count
 from .workspace import Workspace
 
-log = logging.getLogger("qrgen")
-_SERIALS = itertools.count(1)  # what a first call compiles, at INFO (silent unless the caller configures logging)
+log = logging.getLogger("qrgen")  # what a first call compiles, at INFO (silent unless the caller configures logging)
+_SERIALS = itertools.count(1)  # Factorizer.serial
 
 
 class Factorizer:

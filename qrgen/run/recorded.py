@@ -34,12 +34,12 @@ def symbol_of(value: int) -> tuple[int, int] | None:
 class Direct:
     """Queues each operation as it comes."""
 
+    kernel = staticmethod(queue_kernel)
+
     def __init__(self):
         import cupy
 
-        self.driver, self.runtime = cupy.cuda.driver, cupy.cuda.runtime
-
-    kernel = staticmethod(queue_kernel)
+        self.runtime = cupy.cuda.runtime
 
     def memset(self, ptr: int, nbytes: int, stream: int) -> None:
         self.runtime.memsetAsync(ptr, 0, nbytes, stream)

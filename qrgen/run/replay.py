@@ -54,6 +54,7 @@ def forced() -> bool:
 
 @dataclass
 class Plan:
+    """What replay keeps for one kind of call: its calls so far, and its graph once captured."""
     calls: int = 0
     graph: object = None  # a Graph (or CuPy's) once captured; None before, False if the capture failed
     inputs: tuple = ()
