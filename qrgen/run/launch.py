@@ -43,17 +43,21 @@ class PackedArgs:
         return out
 
 
+def driver_launch(cooperative: bool, driver=None) -> tuple:
+    """(the driver's launch call, its arguments after the packed address) of a kernel launch in stream order
+    (docs/decisions.md#stream-order-launches); cooperative: all its blocks resident at once. driver: CuPy's."""
+    if driver is None:
+        import cupy
+
+        driver = cupy.cuda.driver
+    return (driver.launchCooperativeKernel, ()) if cooperative else (driver.launchKernel, (0,))
+
+
 def queue_kernel(func_ptr: int, grid: tuple, threads: int, shared: int, stream: int, args: PackedArgs,
                  cooperative: bool = False) -> None:
-    """One kernel launch on `stream` (cooperative: all its blocks resident at once), in stream order
-    (docs/decisions.md#stream-order-launches)."""
-    import cupy
-
-    driver = cupy.cuda.driver
-    if cooperative:
-        driver.launchCooperativeKernel(func_ptr, *grid, threads, 1, 1, shared, stream, args.address)
-    else:
-        driver.launchKernel(func_ptr, *grid, threads, 1, 1, shared, stream, args.address, 0)
+    """One kernel launch on `stream` (driver_launch)."""
+    launch, extra = driver_launch(cooperative)
+    launch(func_ptr, *grid, threads, 1, 1, shared, stream, args.address, *extra)
 
 
 def launch_panel(func, L, batch: int, stream: int, args: PackedArgs, sink=None) -> None:

@@ -13,7 +13,7 @@ import ctypes
 import threading
 
 from . import cublas
-from .launch import queue_kernel
+from .launch import driver_launch, queue_kernel
 
 SYMBOLS = ("h", "tau", "src", "q")  # the per-call addresses, in the order of a call's bases
 _SHIFT = 58  # symbol j's address is (j + 1) << _SHIFT plus an offset: above any device address (49 bits)
@@ -68,10 +68,7 @@ class Recorder:
         packed = args.copy()  # the values now; the engine rewrites its own for the next launch
         patches = tuple((i, *s) for i, v in enumerate(packed.values)
                         if isinstance(v, ctypes.c_uint64) and (s := symbol_of(v.value)) is not None)
-        if cooperative:
-            launch, extra = self.driver.launchCooperativeKernel, ()
-        else:
-            launch, extra = self.driver.launchKernel, (0,)
+        launch, extra = driver_launch(cooperative, self.driver)
         fixed = (func_ptr, *grid, threads, 1, 1, shared, stream, packed.address, *extra)
 
         def run(bases):  # (packed: kept alive by this closure, as the driver reads its pointers)

@@ -81,8 +81,7 @@ def test_replay_patches_each_calls_addresses_and_nothing_else(monkeypatch):
         ops.run(bases)
         first, second = rec.driver.launches
         assert first == ("kernel", 11, (3, 5, 1), 128, 1024, 99, [h + 1200, tau + 8, workspace, -7, 1.5, 1 << 40, q])
-        assert second == ("cooperative", 12, (8, 1, 1), 256, 0, 99, [0, tau + 8, workspace,
-                                                                     -7, 1.5, 1 << 40, q])
+        assert second == ("cooperative", 12, (8, 1, 1), 256, 0, 99, [0, tau + 8, workspace, -7, 1.5, 1 << 40, q])
         assert rec.runtime.calls == [("memset", src + 64, 0, 400, 99), ("memset", workspace, 0, 16, 99),
                                      ("record", 501, 99), ("wait", 98, 501, 0)]
         (a, k), = gemms
