@@ -4,7 +4,9 @@ precision says "tf32x3", the aggregates' merges, and Q's products. The kernels a
 
   project    W = Z^T C, A = Z^T with K contiguous
   project64  a projection of at most 64 rows (aggregates of 64), or of at most 128 in a small grid, on 64 x 64 tiles
-  update     C -= V W and (VT)^T = T^T V^T, A = V or T given transposed (M contiguous)
+  update     C -= V W (and Q's P -= (V T) W), A given transposed (M contiguous)
+  merge      an aggregate's (VT)^T = T^T V^T, A = T given as it is (T^T, M contiguous): the update's kernel with
+             each row tile's K ending at its last row, T^T being lower triangular
   gram       an aggregate's G = V^T V, A = V^T and B = V given as V^T (both K contiguous), only the tiles that
              reach G's upper part
   project_t, project64_t   the projections W = T^T (V^T C) of aggregates whose T they apply in their epilogue
@@ -33,6 +35,8 @@ CONFIGS = {
                       b_kcontig=False, upper_only=False),
     "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
                    b_kcontig=False, upper_only=False),
+    "merge": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
+                  b_kcontig=False, upper_only=False, lower_a=True),
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
                  b_kcontig=True, upper_only=True),
 }
@@ -140,19 +144,23 @@ def project_kind(rows: int, cols: int = 0, matrices: int = 0, sms: int = 0) -> s
 
 
 def route(trans_a: bool, trans_b: bool, rows: int, cols: int, depth: int, addresses, strides, matrices: int,
-          sms: int) -> tuple[str, tuple[int, int, int]] | None:
+          sms: int, stage: str = "") -> tuple[str, tuple[int, int, int]] | None:
     """(kernel kind, grid of a piece of row_pieces) of a product op(A) op(B) that a tf32x3 kernel takes: A B (the
-    projection's layout), A^T B (the update's) or A B^T (the Gram matrix's), every operand address 16-byte aligned,
-    every dimension and stride (leading dimensions, batch strides) a multiple of 4 floats, no dimension below MIN,
-    a grid within CUDA's limits; None otherwise (the engines' fp32 product then). sms: project_kind's (0 beside a
-    lookahead)."""
-    kind = {(False, False): "project", (True, False): "update", (False, True): "gram"}.get((trans_a, trans_b))
+    projection's layout), A^T B (the update's; the merge kernel's for the stage "aggregate", (VT)^T = T^T V^T, whose
+    op(A) = T^T is lower triangular: docs/decisions.md#merge-triangle) or A B^T (the Gram matrix's), every operand
+    address 16-byte aligned, every dimension and stride (leading dimensions, batch strides) a multiple of 4 floats,
+    no dimension below MIN, a grid within CUDA's limits; None otherwise (the engines' fp32 product then). sms:
+    project_kind's (0 beside a lookahead)."""
+    kind = {(False, False): "project", (True, False): "merge" if stage == "aggregate" else "update",
+            (False, True): "gram"}.get((trans_a, trans_b))
     if kind is None or any(a % 16 for a in addresses) or any(v % 4 for v in (rows, cols, depth, *strides)):
         return None
     if min(rows, cols, depth) < MIN:  # a panel's thin products: cuBLAS splits them better
         return None
     if kind == "project":  # small grids on 64-row tiles, except beside a lookahead's side stream
         kind = project_kind(rows, cols, matrices, sms)
+    if kind == "merge" and rows > ROW_TILES_MAX * CONFIGS[kind]["bm"]:  # (its row tiles' K: one piece of rows)
+        return None
     out = grid(kind, min(rows, ROW_TILES_MAX * CONFIGS[kind]["bm"]), cols, matrices)
     return None if out is None else (kind, out)
 
@@ -203,7 +211,7 @@ def project_kinds(rows: int) -> set[str]:
 def kinds(schedule, keep: bool = False) -> tuple[str, ...]:
     """The kernels a schedule's tf32x3 products can take: "project" and "update" as its precision says, where some
     product is at least MIN in every dimension (an aggregate with columns right of it, or a panel that wide); an
-    update in tf32x3 also takes the aggregates' merges ((VT)^T by the update kernel, and G by the gram kernel where
+    update in tf32x3 also takes the aggregates' merges ((VT)^T by the merge kernel, and G by the gram kernel where
     their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel also serves
     an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_parts), whatever the update. The
     aggregates whose projections apply T (t_fused; not in keep plans) take the _t kernels (instead, up to 64 rows)."""
@@ -218,8 +226,9 @@ def kinds(schedule, keep: bool = False) -> tuple[str, ...]:
     projects |= {t_kind(kind, aggs[i].a1 - aggs[i].a0) for i in fused
                  for kind in project_kinds(aggs[i].a1 - aggs[i].a0)}
     wide = any(a.a1 - a.a0 >= MIN for a in aggs)  # a G the kernels take
+    merged = any(a.a1 - a.a0 >= MIN and (a.nc > 0 or keep) for a in aggs)  # a (VT)^T they take
     used = projects | ({"update"} if p.update == "tf32x3" and (widths or aggs) else set()) | (
-        {"gram"} if p.gram == "fp32" and wide else set())
+        {"merge"} if p.update == "tf32x3" and merged else set()) | ({"gram"} if p.gram == "fp32" and wide else set())
     return tuple(kind for kind in CONFIGS if kind in used)
 
 
@@ -245,4 +254,4 @@ def without_idle(schedule):
 def render(spec: KernelSpec, schedule, target) -> Rendered:
     template = environment().get_template(f"{target.record.template_dir}/tf32x3.cu.j2")
     return Rendered(spec.name, template.render(version=__version__, arch=target.arch, name=spec.name,
-                                               **{"t_fused": False, **CONFIGS[spec.kind]}))
+                                               **{"t_fused": False, "lower_a": False, **CONFIGS[spec.kind]}))

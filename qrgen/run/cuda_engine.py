@@ -172,7 +172,7 @@ class CudaEngine:
         if precision == "tf32x3":
             parts = self._w_parts(stage, rows, cols, depth, c, side)
             if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                                side, parts, t):
+                                side, parts, t, stage):
                 if parts > 1:
                     self._add_parts(c, rows * ldc, parts, sc)
                 self._done(stop)
@@ -188,15 +188,16 @@ class CudaEngine:
         self._done(stop)
 
     def tf32x3_gemm(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, side,
-               parts=1, t=None):
+               parts=1, t=None, stage=""):
         """C = alpha op(A) op(B) + beta C by the tf32x3 kernel for op(A) op(B) = A B (the projection's layout),
         A^T B (the update's) or A B^T (the Gram matrix's), where every pointer is 16-byte aligned and every
         dimension, leading dimension and batch stride a multiple of 4 floats; False (nothing launched) otherwise.
         parts > 1: K in that many parts, part q written q * chunk * sc floats after C (gram_parts, with beta 0).
-        t: then C = T^T C by the _t kernel's epilogue (tf32x3.t_fused's aggregates, which its kernels take)."""
+        t: then C = T^T C by the _t kernel's epilogue (tf32x3.t_fused's aggregates, which its kernels take). stage:
+        the engine's stage ("aggregate": (VT)^T, by the merge kernel: tf32x3.route)."""
         ptrs = [self.ptrs[x[0]] + 4 * x[1] for x in (a, b, c)]
         route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb * parts,
-                             0 if self.fac.schedule.lookahead else self.ws.sms)
+                             0 if self.fac.schedule.lookahead else self.ws.sms, stage)
         if route is None:
             return False
         kind, signature = tf32x3.kernel_for(route[0], rows, t is not None)

@@ -85,7 +85,7 @@ class HostKernelEngine(NumpyEngine):
             parts = (min(self.w_parts, tf32x3.project_parts(rows, cols, depth, self.nb, self.sms))
                      if stage == "project" and c[0] == "w" and self.w_parts > 1 else 1)
             if precision == "tf32x3" and self._tf32x3(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb,
-                                                      sb, beta, c, ldc, sc, parts, t):
+                                                      sb, beta, c, ldc, sc, parts, t, stage):
                 if parts > 1:
                     flat, n = self.buffers["w"].reshape(-1), rows * ldc
                     for b0 in range(self.nb):
@@ -113,13 +113,13 @@ class HostKernelEngine(NumpyEngine):
                                                         rowsplit.THREADS, 0, *self.turns)
 
     def _tf32x3(self, trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
-                parts=1, t=None) -> bool:
+                parts=1, t=None, stage="") -> bool:
         """A product by the tf32x3 kernel where run/cuda_engine's tf32x3_gemm takes it (G in one part; K in `parts`
         parts written nb * sc floats apart; rows in tf32x3.launches' pieces); False where it does not (cuBLAS fp32's
         there, NumPy's here)."""
         ptrs = [self._address(*x) for x in (a, b, c)]
         route = tf32x3.route(trans_a, trans_b, rows, cols, depth, ptrs, (lda, ldb, ldc, sa, sb, sc), self.nb * parts,
-                             0 if self.fac.schedule.lookahead else self.sms)
+                             0 if self.fac.schedule.lookahead else self.sms, stage)
         if route is None:
             return False
         kind, signature = tf32x3.kernel_for(route[0], rows, t is not None)  # (T applied: as run/cuda_engine's)

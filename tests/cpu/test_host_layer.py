@@ -422,6 +422,36 @@ def test_the_tf32x3_products_are_fp32_accurate_on_the_cpu(kind):
     assert np.abs(got - want).max() <= 4 * np.finfo(np.float32).eps * np.abs(want).max() * np.sqrt(depth)
 
 
+@pytest.mark.parametrize("width", [96, 128])
+def test_the_merge_kernel_stops_each_row_tile_at_t_s_diagonal(width):
+    """An aggregate's (VT)^T = T^T V^T by the merge kernel (each row tile's K ends at its last row, T^T being lower
+    triangular): bit for bit the update kernel's product over the whole K where T is upper triangular (96: a last
+    row tile cut short), and the first row tile reads none of T's rows past it (the update kernel does)."""
+    from qrgen.plan import tf32x3
+    from qrgen.run.launch import PackedArgs
+
+    rng = np.random.default_rng(width)
+    cols = 192
+    t = np.triu(rng.standard_normal((width, width), dtype=np.float32))  # T row-major: A = T^T, M contiguous
+    b = rng.standard_normal((width, cols), dtype=np.float32)
+
+    def product(kind, tm):
+        c = np.zeros((width, cols), dtype=np.float32)
+        args = PackedArgs(tf32x3.SIGNATURE, (tm.ctypes.data, width, tm.size, b.ctypes.data, cols, b.size,
+                                             c.ctypes.data, cols, c.size, width, cols, width, 1.0, 0.0, 1, c.size))
+        config = tf32x3.CONFIGS[kind]
+        host.HostKernel(tf32x3.kernel(kind), None, TARGET)(args, tf32x3.grid(kind, width, cols, 1),
+                                                           tf32x3.threads(config), tf32x3.shared_bytes(config))
+        return c
+
+    merged = product("merge", t)
+    assert np.array_equal(merged, product("update", t))
+    assert np.abs(merged - t.T.astype(np.float64) @ b).max() <= 1e-5 * np.abs(merged).max()
+    below = t.copy()
+    below[64:, :64] = 1e3  # below the diagonal, in rows past the first row tile
+    assert np.array_equal(product("merge", below), merged) and not np.array_equal(product("update", below), merged)
+
+
 def test_a_group_larger_than_the_layer_is_refused_with_the_reason():
     schedule = Schedule(8192, 64, (Panel(32, "rows", 256, 20),) * 2)  # a cooperative panel of 20 blocks a matrix
     spec = plan(schedule, TARGET).kernels[0]

@@ -538,11 +538,11 @@ def test_q_products_of_wide_kept_blocks_in_tf32x3(monkeypatch):
     q, h, log = numpy_engine.qr(a, wide)
     assert q_precisions(log) == {"tf32x3"}
     assert tf32x3_kinds(wide, False) == ["gram"] and tf32x3_kinds(wide, True) == ["project", "project64", "update", "gram"]
-    # the update's own tf32x3 kernels (update, gram): the keep plan adds the projection's, for blocks of 64 rows
-    # the 64-row tiles' (tf32x3.project_kind)
+    # the update's own tf32x3 kernels (update, merge for (VT)^T, gram): the keep plan adds the projection's, for
+    # blocks of 64 rows the 64-row tiles' (tf32x3.project_kind)
     update3 = _uniform(256, 256, 32, aggregate=64, precision=Precision("fp32", "fp32", "tf32x3"))
-    assert tf32x3_kinds(update3, False) == ["update", "gram"]
-    assert tf32x3_kinds(update3, True) == ["project64", "update", "gram"]
+    assert tf32x3_kinds(update3, False) == ["update", "merge", "gram"]
+    assert tf32x3_kinds(update3, True) == ["project64", "update", "merge", "gram"]
     for narrow in (_uniform(176, 176, 32, variant="lanes"), _uniform(96, 160, 32, aggregate=32)):
         _, _, narrow_log = numpy_engine.qr(stress("random", narrow.m, narrow.n, 1, seed=1), narrow)
         assert q_precisions(narrow_log) == {"fp32"} and tf32x3_kinds(narrow, True) == []
