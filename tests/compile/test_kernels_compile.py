@@ -130,7 +130,7 @@ def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
 
 
 def test_tf32x3_kernels_compile_without_spills(tmp_path, monkeypatch):
-    """Every tf32x3 kernel (project, project64, update, gram, and the projections that apply T: project_t,
+    """Every tf32x3 kernel (project, project64, update, merge, gram, and the projections that apply T: project_t,
     project64_t) compiles for sm_90 without spills. (Which schedules bring which: tests/cpu/test_plan.py,
     test_tf32x3_products_plan_and_render.)"""
     _test_cache(tmp_path, monkeypatch)
@@ -139,8 +139,8 @@ def test_tf32x3_kernels_compile_without_spills(tmp_path, monkeypatch):
     for aggregate in (128, 64):
         schedule = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate)
         items.update((r.name, r.source) for r in render_all(schedule, SM90) if "tf32x3" in r.name)
-    assert sorted(items) == ["qr_tf32x3_gram", "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_project64_t",
-                             "qr_tf32x3_project_t", "qr_tf32x3_update"]
+    assert sorted(items) == ["qr_tf32x3_gram", "qr_tf32x3_merge", "qr_tf32x3_project", "qr_tf32x3_project64",
+                             "qr_tf32x3_project64_t", "qr_tf32x3_project_t", "qr_tf32x3_update"]
     _no_spills(list(items.items()))
 
 

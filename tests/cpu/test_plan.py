@@ -186,7 +186,7 @@ TF32X3_PANELS = tuple(Panel(32, "rows", 64) for _ in range(8))
 def test_tf32x3_products_plan_and_render():
     """A schedule whose products are tf32x3 brings the tf32x3 kernels (only the stages that ask); an fp32 Gram
     matrix of aggregates brings the gram kernel whatever the products (G in tf32x3 where an update in tf32x3 takes
-    the merge, or in parts for few matrices: run/buffers.gram_parts). An aggregate's tf32x3 projection applies its
+    the merge, whose (VT)^T the merge kernel forms, or in parts for few matrices: run/buffers.gram_parts). An aggregate's tf32x3 projection applies its
     T (tf32x3.t_fused: the _t kernels, 128-row tiles past 64 rows), except in qr's keep plans and beside a
     lookahead. (Their compilation: tests/compile.)"""
     names = {}
@@ -198,24 +198,25 @@ def test_tf32x3_products_plan_and_render():
         if update == "fp32" and project == "tf32x3":  # (and both plain projection tiles: tf32x3.t_fills)
             assert names[update] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_gram",
                                      "qr_tf32x3_project_t"] and plan(schedule).t_fused == (0,)
-    assert names["tf32x3"] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram",
-                               "qr_tf32x3_project_t"]
+    assert names["tf32x3"] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge",
+                               "qr_tf32x3_gram", "qr_tf32x3_project_t"]
     # qr's keep plan and a lookahead: (VT)^T formed, both projection tiles (project_kind)
     ahead = dataclasses.replace(schedule, lookahead=1)
     for p in (plan(schedule, keep=True), plan(ahead)):
         assert [k.name for k in p.kernels if k.variant == "tf32x3"] == [
-            "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"] and p.t_fused == ()
+            "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram"
+        ] and p.t_fused == ()
     # one aggregate over every column: nothing right of it to project, so no projection kernel, and no merge but for
     # qr (the gram kernel in keep plans)
     one = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
     assert [k.name for k in plan(one).kernels if k.variant == "tf32x3"] == ["qr_tf32x3_update"]
-    assert "qr_tf32x3_gram" in [k.name for k in plan(one, keep=True).kernels]
+    assert {"qr_tf32x3_gram", "qr_tf32x3_merge"} <= {k.name for k in plan(one, keep=True).kernels}
     # aggregates of 64: their projections on the 64-row tiles (tf32x3.project_kind), the 128-row kernel not built
     by64 = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
     assert [k.name for k in plan(by64).kernels if k.variant == "tf32x3"] == [
-        "qr_tf32x3_update", "qr_tf32x3_gram", "qr_tf32x3_project64_t"]
+        "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram", "qr_tf32x3_project64_t"]
     assert [k.name for k in plan(by64, keep=True).kernels if k.variant == "tf32x3"] == [
-        "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_gram"]
+        "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram"]
     items = dict((r.name, r.source) for s in (schedule, by64, ahead) for r in render_all(s, SM90)
                  if "tf32x3" in r.name)
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in next(iter(items.values()))
