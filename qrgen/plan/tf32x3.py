@@ -28,15 +28,15 @@ from .layout import aggregates
 from .specs import KernelSpec, Rendered
 
 # Tiles, warps, K per step, steps in flight and resident blocks per SM, per kernel (docs/decisions.md#gemm3-tiles).
+_UPDATE = dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True, b_kcontig=False,
+               upper_only=False)
 CONFIGS = {
     "project": dict(bm=128, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
                     b_kcontig=False, upper_only=False),
     "project64": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=2, a_mcontig=False,
                       b_kcontig=False, upper_only=False),
-    "update": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
-                   b_kcontig=False, upper_only=False),
-    "merge": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=True,
-                  b_kcontig=False, upper_only=False, lower_a=True),
+    "update": _UPDATE,
+    "merge": dict(_UPDATE, lower_a=True),  # (VT)^T: each row tile's K ends at its last row
     "gram": dict(bm=64, bn=64, bk=32, wm_warps=2, wn_warps=2, stages=3, min_blocks=3, a_mcontig=False,
                  b_kcontig=True, upper_only=True),
 }
