@@ -272,14 +272,19 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
             continue
         width, r = a.a1 - a.a0, a.rows
         fused_t = i in fac.plan.t_fused  # no (V T)^T: the projection applies T (the plan's rule, not t_fills')
+        late = not fused_t and i in fac.plan.t_late  # nor here: W = T^T (V^T C) by a product of its own
         merge[gram] = merge.get(gram, 0.0) + 1.0 * r * width * width  # G's upper half
         if fused_t:
             agg[prec.project] = agg.get(prec.project, 0.0) + 1.0 * width * width * a.nc  # T^T (V^T C), T triangular
+        elif late:
+            vt = "tf32x3" if merge3 else "fp32"
+            merge[vt] = merge.get(vt, 0.0) + 1.0 * width * width * a.nc  # T^T Y, T triangular
         else:
             vt = "tf32x3" if merge3 else "fp32"
             merge[vt] = merge.get(vt, 0.0) + 1.0 * r * width * width  # (V T)^T, T triangular
         merge["fp32"] = merge.get("fp32", 0.0) + width ** 3 / 3.0  # T from G and tau
-        merge_bytes += f * ((1 if fused_t else 3) * r * width + 2 * width * width)
+        merge_bytes += f * ((1 if fused_t or late else 3) * r * width + 2 * width * width
+                            + (2 * width * a.nc if late else 0))  # T^T Y reads Y, writes W
         for p in (prec.project, prec.update):
             agg[p] = agg.get(p, 0.0) + 2.0 * r * width * a.nc
         agg_bytes += f * (3 * r * a.nc + 2 * r * width + 2 * width * a.nc)
@@ -308,7 +313,8 @@ def floors_text(fac, batch: int) -> str:
 @optimized
 def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=None) -> str:
     """Where one factorization's GPU time goes, by difference: the call replayed as a CUDA graph in full, with the
-    aggregates' merge (G, T, (VT)^T; and each of its three stages alone) left out, with the panels' own products
+    aggregates' merge (G, T, (VT)^T or for t_late aggregates W = T^T (V^T C); and each of its three stages alone)
+    left out, with the panels' own products
     left out, and with only the panel kernels, so host gaps are not counted
     (events around each launch of an eager call would count them). Leaving stages out makes the result wrong but
     not the remaining work: no kernel's work depends on the values. Also the eager call, for the host's share.
@@ -345,7 +351,7 @@ def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=
         lines.append(f"  power-of-two scaling (fp16 products) {max(0.0, full - timed(('scale',))):,.1f} µs")
     if fac.aggregates:
         parts = ", ".join(f"{label} {max(0.0, full - timed((stage,))):,.1f}"
-                          for label, stage in (("G", "gram"), ("T", "tmat"), ("(VT)^T", "aggregate")))
+                          for label, stage in (("G", "gram"), ("T", "tmat"), ("(VT)^T or T^T Y", "aggregate")))
         merges = sum(1 for a in fac.aggregates if a.nc > 0)
         lines.append(f"  aggregates' merge {max(0.0, full - no_merge):,.1f} µs over {merges} aggregates "
                      f"(each stage left out alone: {parts} µs)")

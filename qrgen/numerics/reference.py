@@ -239,8 +239,10 @@ def geqrf(a: np.ndarray, schedule=None, dtype=np.float64) -> tuple[np.ndarray, n
     exps = scale_exponents(h) if low and schedule.scaled else None
     if exps is not None:
         scale(h, exps)
-    launches = plan(schedule, Target("cpu", "numpy")).launches
+    planned = plan(schedule, Target("cpu", "numpy"))
+    launches = planned.launches
     after = {a.last: a for a in aggregates(schedule) if a.nc > 0}
+    late = {planned.aggregates[i].last for i in planned.t_late}  # W = T^T (V^T C): the projection first
     for index, L in enumerate(launches):
         if L.inner:
             factor_whole(h, tau, L, n)
@@ -258,8 +260,14 @@ def geqrf(a: np.ndarray, schedule=None, dtype=np.float64) -> tuple[np.ndarray, n
             vg = np.tril(h[:, agg.a0:, agg.a0:agg.a1], -1)
             diag = np.arange(agg.a1 - agg.a0)
             vg[:, diag, diag] = 1
-            h[:, agg.a0:, agg.c1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1], prec.gram),
-                                             h[:, agg.a0:, agg.c1:])
+            c = h[:, agg.a0:, agg.c1:]
+            if index in late:
+                vr = rnd(vg, prec.gram)
+                tm = tmatrix(matmul(vr.transpose(0, 2, 1), vr), tau[:, agg.a0:agg.a1])
+                y = product(np.ascontiguousarray(vg.transpose(0, 2, 1)), c, prec.project)
+                h[:, agg.a0:, agg.c1:] = c - product(vg, matmul(tm.transpose(0, 2, 1), y), prec.update)
+            else:
+                h[:, agg.a0:, agg.c1:] = update(vg, wy(vg, tau[:, agg.a0:agg.a1], prec.gram), c)
     if exps is not None:
         scale(h, exps, inverse=True)
     return h.reshape(*lead, m, n), tau.reshape(*lead, k)

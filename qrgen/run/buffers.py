@@ -4,7 +4,7 @@ reflectors      V^T of a panel, or of an aggregate (its panels write into it)
 panel_wy        (V T)^T of a panel
 w               W of a trailing update (and its parts, w_parts; w_side: the side stream's, with lookahead)
 gram            G = V^T V of an aggregate (and its parts, gram_parts); tmat: its T
-aggregate_wy    (V T)^T of an aggregate
+aggregate_wy    (V T)^T of an aggregate (a t_late aggregate's V^T C)
 q_w             W of Q's products (keep plans)
 tsqr_tree       a tsqr panel's tree (plan/tsqr.tsqr_layout)
 With lookahead, an aggregate's reflectors and aggregate_wy rotate over two buffers (_2), three with Schedule.reach
@@ -49,7 +49,9 @@ class Sizes:
                    q_w=max([b.width * (fac.m - b.c0) for b in fac.kept] + [1]),
                    w=max([L.width * L.nc for L in fac.launches] + [(a.a1 - a.a0) * a.nc for a in aggs] + [1]),
                    gram=max([(a.a1 - a.a0) ** 2 for a in aggs] + [1]),
-                   aggregate_wy=max([(a.a1 - a.a0) * a.rows for a in aggs] + [kept if fac.aggregates else 0] + [1]),
+                   aggregate_wy=max([(a.a1 - a.a0) * a.rows for a in aggs] + [kept if fac.aggregates else 0] + [1]
+                                    + [(a.a1 - a.a0) * a.nc for i, a in enumerate(fac.aggregates)
+                                       if i in fac.plan.t_late]),
                    tsqr_tree=max([tsqr_layout(L.levels, L.width).floats for L in fac.launches if L.levels] + [1]))
 
 

@@ -26,8 +26,10 @@ class CudaEngine:
         self.stream_ptr = cupy.cuda.get_current_stream().ptr
         self.sizes, self.sms = ws.sizes, ws.sms
         self.nb = nb
-        # The side stream's GEMMs plan for the SMs the panels leave (docs/decisions.md#side-sms)
-        self.side_sms = max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb)
+        # The side stream's GEMMs plan for the SMs a lookahead's panels leave (docs/decisions.md#side-sms); beside
+        # the merges of t_late aggregates (no lookahead), for every SM (0)
+        self.side_sms = (max(self.sms // 4, self.sms - max(L.blocks for L in fac.launches) * self.nb)
+                         if fac.schedule.lookahead else 0)
         self.h_ptr, self.tau_ptr, self.src_ptr = h_ptr, tau_ptr, src_ptr
         self.strides = ws.strides
         self.ptrs = {**ws.ptrs, "h": self.h_ptr}

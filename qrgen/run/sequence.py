@@ -26,7 +26,8 @@ def drive(fac, engine) -> None:
     After an aggregate's last panel: G = V^T V, T from G and tau (neither where that panel is the aggregate and
     wrote T itself: Launch.t_out), (V T)^T, then the same two products on the
     columns right of the aggregate (for the plan's t_fused aggregates whose grid fills the GPU, tf32x3.t_fills, no
-    (V T)^T: the projection applies T). With the schedule's lookahead those products are two pairs: the next
+    (V T)^T: the projection applies T; for its t_late ones, none either: Y = V^T C on the side stream beside G and T,
+    then W = T^T Y and the update). With the schedule's lookahead those products are two pairs: the next
     aggregate's columns first, then (engine.fork: on a side stream that waits for everything queued so far) the
     columns past it; the next aggregate's panels, G, T and (V T)^T run meanwhile, and engine.join (the main
     stream waits for the side stream) comes before anything touches those columns again.
@@ -125,14 +126,28 @@ def drive(fac, engine) -> None:
             engine.fork()
             pending = True
         t_stride = a * a if L.t_out else sizes.gram  # T's floats a matrix in "tmat": the panel's, or the T kernel's
+        fuse_t = (i in fac.plan.t_fused and engine.nb <= tf32x3.GRID_YZ  # the projection applies T: no (VT)^T
+                  and tf32x3.t_fills(a, agg.nc, rows, engine.nb, engine.sms))
+        late = not fuse_t and i in fac.plan.t_late  # Y = V^T C on the side stream while G and T form
+        if late:
+            engine.fork()
         if not L.t_out:
             engine.gemm("gram", False, True, a, a, rows, 1.0, vt_at, rows, vbs, vt_at, rows, vbs, 0.0, ("gram", 0), a,
                         sizes.gram, "tf32x3" if merge3 and prec.gram == "fp32" else prec.gram, side=reach)
             engine.tmat(agg, side=reach)
-        if (i in fac.plan.t_fused and engine.nb <= tf32x3.GRID_YZ  # the projection applies T: no (VT)^T
-                and tf32x3.t_fills(a, agg.nc, rows, engine.nb, engine.sms)):
+        if fuse_t:
             products(vt_at, rows, vbs, vt_at, rows, vbs, a, rows, agg.a0 * n + agg.a1, agg.nc, "w", prec.project,
                      prec.update, t=("tmat", 0, a, t_stride))
+            continue
+        if late:  # Y into the (VT)^T buffer, then W = T^T Y (T^T lower triangular: the merge's kernel) and C -= V W
+            c, nc = ("h", agg.a0 * n + agg.a1), agg.nc
+            engine.gemm("project", False, False, a, nc, rows, 1.0, vt_at, rows, vbs, c, n, m * n, 0.0, zg_at, nc,
+                        zg_bs, prec.project, side=True)
+            engine.join()
+            engine.gemm("aggregate", True, False, a, nc, a, 1.0, ("tmat", 0), a, t_stride, zg_at, nc, zg_bs, 0.0,
+                        ("w", 0), nc, sizes.w, "tf32x3" if merge3 else "fp32")
+            engine.gemm("update", True, False, rows, nc, a, -1.0, vt_at, rows, vbs, ("w", 0), nc, sizes.w, 1.0, c, n,
+                        m * n, prec.update)
             continue
         engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("tmat", 0), a, t_stride, vt_at, rows, vbs,
                     0.0, zg_at, rows, zg_bs, "tf32x3" if merge3 else "fp32", side=reach)

@@ -1,5 +1,5 @@
 """What a factorization keeps between calls on one device, batch and stream: its work buffers (run/buffers.py),
-packed launch arguments, and the two streams of a lookahead schedule."""
+packed launch arguments, and the two streams of a lookahead schedule (or of t_late aggregates)."""
 from __future__ import annotations
 
 import contextlib
@@ -59,7 +59,7 @@ class Workspace:
         self.panel_args: dict[int, PackedArgs] = {}  # per panel, its packed launch arguments
         self.tsqr_args: dict[int, list] = {}  # per tsqr panel, (tiles, packed arguments) per phase
         self.packed: dict[str, PackedArgs] = {}  # per signature, the other kernels' (CudaEngine.launch)
-        self.streams = Streams() if fac.schedule.lookahead else None
+        self.streams = Streams() if fac.schedule.lookahead or fac.plan.t_late else None
         self.recorded: dict[tuple, Recorded] = {}  # per kind of call, its operations (run/recorded.py)
 
 
@@ -68,7 +68,8 @@ HIGH_PRIORITY = -1000  # CUDA clamps a stream priority to the device's range: th
 
 class Streams:
     """The two streams of a lookahead schedule (the panels' chain at the highest priority, so that their blocks go
-    first as the side stream's GEMM blocks retire) and the events that order them with each other and with the
+    first as the side stream's GEMM blocks retire), or of t_late aggregates (G and T on the main one, first, beside
+    the projection), and the events that order them with each other and with the
     caller's stream. Events are recorded again for every fork and join: a wait takes the latest record."""
 
     def __init__(self):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..plan import fused, tf32x3, whole
 from ..plan.family import panel_grid
 from ..plan.layout import aggregates
-from ..plan.planner import plan, resources
+from ..plan.planner import plan, resources, t_late
 from ..problem import Problem
 from ..schedule.model import Schedule
 from ..targets import Target
@@ -150,7 +150,10 @@ def estimate(schedule: Schedule, problem: Problem) -> Estimate:
                 gemm_us += _gemm_us(a, a, agg.rows, batch, prec.gram, 1)
                 panel_us += a * 0.05  # the T kernel (a guess per column from its first, one-thread-a-row form)
                 n_launches += 2
-            if not tf32x3.t_fused(schedule, agg):  # (VT)^T, unless the projection applies T
+            if t_late(schedule, agg, launches[agg.last].t_out):  # W = T^T (V^T C), G and T beside V^T C
+                gemm_us += _gemm_us(a, agg.nc, a, batch, "fp32", 1)
+                n_launches += 1
+            elif not tf32x3.t_fused(schedule, agg):  # (VT)^T, unless the projection applies T
                 gemm_us += _gemm_us(a, agg.rows, a, batch, "fp32", 1)
                 n_launches += 1
             gemm_us += _gemm_us(a, agg.nc, agg.rows, batch, prec.project, 1)

@@ -380,6 +380,28 @@ def test_qr_on_the_cpu(case):
     assert np.abs(np.swapaxes(q, 1, 2).astype(np.float64) @ q - np.eye(n)).max() <= 10 * n * eps
 
 
+def test_t_late_aggregates_apply_t_by_the_merge_kernel_on_the_cpu(monkeypatch):
+    """Aggregates whose fp32 projections run beside G and T (planner.t_late): W = T^T (V^T C) by the merge kernel,
+    A = T, B = V^T C of the aggregate's nc columns (never (VT)^T: B of its rows); the gates with twice the margin."""
+    from qrgen.plan import tf32x3
+
+    schedule = Schedule(352, 352, (Panel(96, "cols", 384, 2, 4, cluster=True),) * 3
+                        + (Panel(64, "cols", 256, 2, 4, cluster=True),), Precision("fp32", "fp32", "tf32x3"),
+                        aggregate=96)
+    merges, route = [], tf32x3.route
+
+    def recorded(*args, **kw):  # (rows, cols, depth) of each product of the stage "aggregate" (args[9])
+        if args[9:10] == ("aggregate",):
+            merges.append(args[2:5])
+        return route(*args, **kw)
+
+    monkeypatch.setattr(tf32x3, "route", recorded)
+    _gates(schedule)
+    aggs = [a for a in plan(schedule, TARGET).aggregates if a.nc > 0]
+    assert plan(schedule, TARGET).t_late == (0, 1, 2) and len(aggs) == 3
+    assert sorted(set(merges)) == sorted((96, a.nc, 96) for a in aggs)
+
+
 def test_the_aggregates_t_runs_on_the_t_kernel():
     schedule = COLS_SCHEDULES[6]  # aggregates of 96 columns
     fac = host_engine.CpuFactorizer(schedule, target=TARGET)

@@ -9,7 +9,7 @@ import pytest
 from qrgen.numerics import reference
 from qrgen.numerics.check import check
 from qrgen.numerics.stress import FAMILIES, stress
-from qrgen.plan import apply3, tf32x3
+from qrgen.plan import apply3, planner, tf32x3
 from qrgen.plan.planner import plan
 from qrgen.problem import Problem
 from qrgen.run import numpy_engine
@@ -160,6 +160,27 @@ def test_aggregates_do_rank_a_updates():
     assert sum(1 for e in log if e[0] == "tmat") == 1 and ("zero", "reflectors") in log
 
 
+def test_t_late_aggregates():
+    """Where the projection is not tf32x3 and one stream runs the merges (no lookahead), an aggregate with columns
+    right of it forks: G and T on the main stream, V^T C on the side stream into the (VT)^T buffer, then the join,
+    W = T^T (V^T C) and the update (planner.t_late); none where the projection applies T (tf32x3), with lookahead,
+    apply3 or in keep plans."""
+    schedule = _uniform(256, 320, 32, aggregate=64, precision=Precision("fp32", "tf32", "tf32x3"), variant="cols")
+    _, _, log = numpy_engine.geqrf(stress("random", 256, 320, 2, seed=4), schedule)
+    merges = [i for i, e in enumerate(log) if e[0] == "fork"]
+    assert len(merges) == 4 and plan(schedule).t_late == (0, 1, 2, 3)  # the last aggregate has 64 columns right of it
+    for i in merges:
+        assert log[i + 1:i + 7] == [("gemm", "gram", "tf32x3", "cublas"), ("tmat", log[i + 2][1]),
+                                    ("gemm", "project", "tf32", "cublas", "side"), ("join",),
+                                    ("gemm", "aggregate", "tf32x3", "cublas"), ("gemm", "update", "tf32x3", "cublas")]
+    for other in (dataclasses.replace(schedule, precision=Precision("fp32", "tf32x3", "tf32x3")),
+                  dataclasses.replace(schedule, lookahead=2),
+                  dataclasses.replace(schedule, precision=Precision("fp32", "tf32x3", "tf32x3"),
+                                      aggregate_update="fused")):
+        assert plan(other).t_late == ()
+    assert plan(schedule, keep=True).t_late == ()
+
+
 def test_aggregate_validation():
     with pytest.raises(ValueError, match="straddle"):
         Schedule(100, 100, (Panel(24, "rows", 64),) * 4 + (Panel(4, "rows", 64),), aggregate=32)
@@ -210,7 +231,7 @@ def test_skipping_stages_leaves_the_others():
     fac = CpuFactorizer(schedule)
     engine = NumpyEngine(fac, a.copy(), np.zeros((2, 200), dtype=np.float32))
     drive(fac, SkipStages(engine, ("project", "update", "gram", "tmat", "aggregate")))
-    assert {entry[0] for entry in engine.log} == {"panel", "zero"}
+    assert {entry[0] for entry in engine.log} == {"panel", "zero", "fork", "join"}  # (t_late aggregates' streams)
     assert sum(entry[0] == "panel" for entry in engine.log) == len(schedule.panels)
     full = numpy_engine.geqrf(a, schedule)[2]
     engine = NumpyEngine(fac, a.copy(), np.zeros((2, 200), dtype=np.float32))
@@ -359,7 +380,7 @@ class _SideAtOnce(NumpyEngine):
         super().tmat(agg)
 
 
-@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s.lookahead], ids=_id)
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s.lookahead or plan(s).t_late], ids=_id)
 def test_side_stream_work_at_its_earliest(schedule):
     a = stress("random", schedule.m, schedule.n, 2, seed=7)
     hr, _ = reference.geqrf(a, schedule, dtype=np.float32)
@@ -421,17 +442,20 @@ KEPT_AGGREGATED = [_uniform(200, 200, 16, aggregate=64), _uniform(300, 130, 16, 
 
 @pytest.mark.parametrize("schedule", KEPT_AGGREGATED, ids=_id)
 @pytest.mark.parametrize("complete", [False, True])
-def test_q_from_the_kept_aggregates(schedule, complete):
+def test_q_from_the_kept_aggregates(schedule, complete, monkeypatch):
     """A keep plan with aggregates keeps each aggregate's V^T and (VT)^T (the last aggregate merged for Q alone;
     under lookahead every aggregate in a region of its own, no second buffers): Q from two GEMMs an aggregate
-    matches the reference's Q, the factorization is unchanged bit for bit, and the regions do not overlap."""
+    matches the reference's Q, the factorization is geqrf's bit for bit (geqrf's with (VT)^T where its plan applies
+    T after the projection instead, planner.t_late, which keep plans do not), and the regions do not overlap."""
     from qrgen.numerics import qmatrix
     from qrgen.run.buffers import Sizes, buffer_names
 
     m, n = schedule.m, schedule.n
     a = stress("random", m, n, 2, seed=m + n)
     q, h, log = numpy_engine.qr(a, schedule, complete)
-    h0, tau0, _ = numpy_engine.geqrf(a, schedule)
+    with monkeypatch.context() as patch:  # (keep plans form (VT)^T for Q: geqrf's plan without t_late aggregates)
+        patch.setattr(planner, "t_late", lambda *args, **kwargs: False)
+        h0, tau0, _ = numpy_engine.geqrf(a, schedule)
     assert np.array_equal(h, h0)
     # Q of the same reflectors, formed in float64 by blocks of 128: the kept aggregates' Q to fp32 rounding
     qr_ = qmatrix.householder_product(h0.astype(np.float64), tau0.astype(np.float64), complete)

@@ -10,6 +10,7 @@ from gpu_cases import aggregated_schedule, geqrf_checked
 from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES
 from qrgen.numerics.check import check
 from qrgen.numerics.stress import FAMILIES, mixed, stress
+from qrgen.plan import planner
 from qrgen.run import cuda_engine
 from qrgen.run.factorizer import Factorizer
 from qrgen.run.registry import factorizer_for
@@ -184,6 +185,39 @@ def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
     assert launched and any(launched) == (m % 4 == 0 and n % 4 == 0) and not all(launched)
     b = cupy.asarray(stress("random", m, n, 4, seed=2))
     assert float(cupy.abs(fac(b)[0] - ref(b)[0]).max()) <= 1e-3 * float(cupy.abs(b).max())
+
+
+@pytest.mark.parametrize("m,n,project", [(512, 512, "tf32"), (384, 640, "fp32")])
+def test_t_late(m, n, project, monkeypatch):
+    """Aggregates whose projection runs beside G and T on the side stream, then W = T^T (V^T C) (plan t_late: no
+    (VT)^T): every stress family passes the gates, eagerly and as a CUDA-graph replay (the two streams captured), and
+    h is the (VT)^T path's to the projection's accuracy."""
+    import cupy
+
+    schedule = dataclasses.replace(aggregated_schedule(m, n, 32, 128, "cublas", 0),
+                                   precision=Precision("fp32", project, "tf32x3"))
+    fac = Factorizer(m, n, schedule, SM90)
+    assert fac.plan.t_late and fac.plan.t_late == tuple(i for i, a in enumerate(fac.aggregates) if a.nc > 0)
+    a, _ = mixed(m, n, 2 * len(FAMILIES), seed=6)
+    report = geqrf_checked(a, fac)
+    assert report.ok, str(report)
+    x = cupy.asarray(a)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fac(x)  # this stream's workspace, before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        h, tau = fac(x)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    assert check(a, h, tau).ok
+    monkeypatch.setattr(planner, "t_late", lambda *args, **kwargs: False)
+    ref = Factorizer(m, n, schedule, SM90)
+    assert not ref.plan.t_late
+    b = cupy.asarray(stress("random", m, n, 4, seed=2))
+    tol = 1e-2 if project == "tf32" else 1e-4
+    assert float(cupy.abs(fac(b)[0] - ref(b)[0]).max()) <= tol * float(cupy.abs(b).max())
 
 
 @pytest.mark.parametrize("m,n,aggregate,lookahead", [(512, 512, 64, 0), (320, 448, 128, 2), (257, 255, 64, 0)])
