@@ -314,8 +314,7 @@ def floors_text(fac, batch: int) -> str:
 def profile_case(batch: int, m: int, n: int, seed: int = 0, reps: int = 10, fac=None) -> str:
     """Where one factorization's GPU time goes, by difference: the call replayed as a CUDA graph in full, with the
     aggregates' merge (G, T, (VT)^T or for t_late aggregates W = T^T (V^T C); and each of its three stages alone)
-    left out, with the panels' own products
-    left out, and with only the panel kernels, so host gaps are not counted
+    left out, with the panels' own products left out, and with only the panel kernels, so host gaps are not counted
     (events around each launch of an eager call would count them). Leaving stages out makes the result wrong but
     not the remaining work: no kernel's work depends on the values. Also the eager call, for the host's share.
     fac: a run.factorizer.Factorizer for m x n to profile (default: the shape's schedule for the batch)."""

@@ -68,9 +68,9 @@ HIGH_PRIORITY = -1000  # CUDA clamps a stream priority to the device's range: th
 
 class Streams:
     """The two streams of a lookahead schedule (the panels' chain at the highest priority, so that their blocks go
-    first as the side stream's GEMM blocks retire), or of t_late aggregates (G and T on the main one, first, beside
-    the projection), and the events that order them with each other and with the
-    caller's stream. Events are recorded again for every fork and join: a wait takes the latest record."""
+    first as the side stream's GEMM blocks retire), or of t_late aggregates (G and T on the main one, beside the
+    projection on the side one), and the events that order them with each other and with the caller's stream.
+    Events are recorded again for every fork and join: a wait takes the latest record."""
 
     def __init__(self):
         import cupy
