@@ -272,7 +272,7 @@ def stage_work(fac, batch: int) -> tuple[StageWork, ...]:
             continue
         width, r = a.a1 - a.a0, a.rows
         fused_t = i in fac.plan.t_fused  # no (V T)^T: the projection applies T (the plan's rule, not t_fills')
-        late = not fused_t and i in fac.plan.t_late  # nor here: W = T^T (V^T C) by a product of its own
+        late = i in fac.plan.t_late  # nor here: W = T^T (V^T C) by a product of its own (never t_fused)
         merge[gram] = merge.get(gram, 0.0) + 1.0 * r * width * width  # G's upper half
         if fused_t:
             agg[prec.project] = agg.get(prec.project, 0.0) + 1.0 * width * width * a.nc  # T^T (V^T C), T triangular

@@ -232,9 +232,12 @@ def geqrf(a: np.ndarray, schedule=None, dtype=np.float64) -> tuple[np.ndarray, n
     panel_precision = (("fp32", "fp32") if schedule.panel_update in ("rowsplit", "fused")
                        else (prec.project, prec.update))
 
-    def wy(v, t, gram):  # Z = V T with T from the Gram matrix (inputs rounded as `gram` says) and tau
+    def tmat(v, t, gram):  # T from the Gram matrix (inputs rounded as `gram` says) and tau
         vr = rnd(v, gram)
-        return matmul(v, tmatrix(matmul(vr.transpose(0, 2, 1), vr), t))
+        return tmatrix(matmul(vr.transpose(0, 2, 1), vr), t)
+
+    def wy(v, t, gram):  # Z = V T
+        return matmul(v, tmat(v, t, gram))
 
     exps = scale_exponents(h) if low and schedule.scaled else None
     if exps is not None:
@@ -262,8 +265,7 @@ def geqrf(a: np.ndarray, schedule=None, dtype=np.float64) -> tuple[np.ndarray, n
             vg[:, diag, diag] = 1
             c = h[:, agg.a0:, agg.c1:]
             if index in late:
-                vr = rnd(vg, prec.gram)
-                tm = tmatrix(matmul(vr.transpose(0, 2, 1), vr), tau[:, agg.a0:agg.a1])
+                tm = tmat(vg, tau[:, agg.a0:agg.a1], prec.gram)
                 y = product(np.ascontiguousarray(vg.transpose(0, 2, 1)), c, prec.project)
                 h[:, agg.a0:, agg.c1:] = c - product(vg, matmul(tm.transpose(0, 2, 1), y), prec.update)
             else:

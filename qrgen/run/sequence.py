@@ -128,7 +128,7 @@ def drive(fac, engine) -> None:
         t_stride = a * a if L.t_out else sizes.gram  # T's floats a matrix in "tmat": the panel's, or the T kernel's
         fuse_t = (i in fac.plan.t_fused and engine.nb <= tf32x3.GRID_YZ  # the projection applies T: no (VT)^T
                   and tf32x3.t_fills(a, agg.nc, rows, engine.nb, engine.sms))
-        late = not fuse_t and i in fac.plan.t_late  # Y = V^T C on the side stream while G and T form
+        late = i in fac.plan.t_late  # Y = V^T C on the side stream while G and T form (never t_fused: not tf32x3)
         if late:
             engine.fork()
         if not L.t_out:

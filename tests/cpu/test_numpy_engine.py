@@ -179,6 +179,8 @@ def test_t_late_aggregates():
                                       aggregate_update="fused")):
         assert plan(other).t_late == ()
     assert plan(schedule, keep=True).t_late == ()
+    for s in SCHEDULES:  # disjoint: sequence.drive and bench take a t_late aggregate as never t_fused
+        assert not set(plan(s).t_late) & set(plan(s).t_fused), _id(s)
 
 
 def test_aggregate_validation():
