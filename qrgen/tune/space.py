@@ -79,6 +79,9 @@ LANES_SLOTS = ("auto", 4, 8, 16, 24, 32, 48, 64)  # rows per warp the lanes pane
 COLS_WIDTHS = (32, 48, 64, 96, 128, "all", "tall")
 
 
+COLS_TAIL_WIDTHS = COLS_WIDTHS[:-1]  # "tall" fits the whole matrix's panels: a head's choice only
+
+
 COLS_SLICES = (2, 4, 8)
 COLS_CLUSTERS = (0, 2)  # cols panels: 0 one block a matrix, 2 its warps on a cluster of two blocks
 
@@ -230,6 +233,8 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
                                 params.get("tsqr_slice", 0))
                      or default_panel(rows, remaining))
         elif family == "cols":
+            if params[f"cols_{phase}"] == "tall":  # a point from before COLS_TAIL_WIDTHS
+                raise ValueError("cols panels take \"tall\" for the head only (every panel of the matrix fitted)")
             width = remaining if params[f"cols_{phase}"] == "all" else min(params[f"cols_{phase}"], remaining)
             panel = cols_panel(width, params["slice"], params.get("cols_cluster", 0) or 1)
         else:
@@ -261,7 +266,8 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
         elif params["family"] == "tsqr":
             params[f"tsqr_{phase}"] = trial.suggest_categorical(f"tsqr_{phase}", TSQR_WIDTHS)
         else:
-            params[f"cols_{phase}"] = trial.suggest_categorical(f"cols_{phase}", COLS_WIDTHS)
+            params[f"cols_{phase}"] = trial.suggest_categorical(
+                f"cols_{phase}", COLS_WIDTHS if phase == "head" else COLS_TAIL_WIDTHS)
     if params["family"] == "cols":
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
         params["cols_cluster"] = trial.suggest_categorical("cols_cluster", COLS_CLUSTERS)

@@ -119,6 +119,26 @@ def test_two_phases_and_cols_family():
     assert {p.variant for p in c.panels} == {"cols"} and c.panels[0].threads == 512
 
 
+@pytest.mark.parametrize("m,n,batch", [(256, 1024, 16), (300, 300, 7), (3000, 3000, 3), (128, 128, 500)])
+def test_every_sampled_point_gives_a_schedule_or_a_refusal(m, n, batch):
+    """Any point the sampler may ask for is a schedule or a ValueError (the trial recorded as rejected), never a
+    crash: a cols tail never takes "tall" (the head's choice that fits every panel), and an old point with one is
+    refused."""
+    problem = Problem(m, n, batch)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(300):
+        params = sample(study.ask(), problem)
+        assert params.get("cols_tail") != "tall"
+        try:
+            schedule_from_params(problem, params)
+        except ValueError:
+            pass
+    tail = {**default_params(problem, clustered=False), "family": "cols", "head_share": 0.5, "cols_head": 64,
+            "cols_tail": "tall", "slice": 4, "cols_cluster": 0}
+    with pytest.raises(ValueError, match="tall"):
+        schedule_from_params(problem, tail)
+
+
 def test_cost_model_prefers_fewer_launches_and_lower_precision():
     problem = Problem(1024, 1024, 200)
     base = estimate(default_schedule(problem), problem)
