@@ -265,23 +265,24 @@ def default_cols(problem: Problem, target: Target = SM90) -> Panel | None:
 
 
 def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule | None:
-    """Where one cols panel does not fit (default_cols) and m <= COLS_AGGREGATE_MAX_ROWS: cols panels of the widest
-    of COLS_AGGREGATE_WIDTHS the target fits (the same slices and clusters), each its own aggregate, the aggregates'
-    products in tf32x3 (docs/decisions.md#cols-aggregates-default). Past COLS_MAX_BATCH matrices only where that
-    width is not the widest (their rows too many for it). Or None, also for one matrix that default_cluster puts on
-    clusters (from CLUSTER_FROM rows)."""
+    """Where one cols panel does not fit (default_cols) and m <= COLS_AGGREGATE_MAX_ROWS: cols panels over the k
+    columns of the widest of COLS_AGGREGATE_WIDTHS the target fits (the same slices and clusters), each its own
+    aggregate, the aggregates' products in tf32x3 (docs/decisions.md#cols-aggregates-default); a wide matrix's
+    columns past k take the aggregates' updates. Past COLS_MAX_BATCH matrices only where that width is not the
+    widest (their rows too many for it). Or None, also for one matrix that default_cluster puts on clusters (from
+    CLUSTER_FROM rows)."""
     from ..plan.planner import check
     from ..plan.tf32x3 import without_idle
 
-    m, n = problem.m, problem.n
-    if not COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS:
+    m, n, k = problem.m, problem.n, problem.k
+    if not (COLS_FROM <= k and m <= COLS_AGGREGATE_MAX_ROWS):
         return None
     if problem.batch == 1 and default_cluster(problem, target):  # one matrix on the widest clusters instead
         return None
     for slice_, blocks in _cols_shapes(problem):
         for width in COLS_AGGREGATE_WIDTHS:
             try:
-                panels = tuple(cols_panel(min(width, n - col), slice_, blocks) for col in range(0, n, width))
+                panels = tuple(cols_panel(min(width, k - col), slice_, blocks) for col in range(0, k, width))
                 schedule = without_idle(Schedule(m, n, panels, tf32x3_precision(problem.k),
                                                  fit_aggregate(width, target)))
                 check(schedule, target)

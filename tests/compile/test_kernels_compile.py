@@ -22,6 +22,7 @@ from qrgen.schedule.heuristic import default_schedule
 from qrgen.schedule.model import Panel, Precision, Schedule
 from qrgen.schedule.panels import cluster_panel, lanes_panel
 from qrgen.targets import Target
+from qrgen.tune.space import default_params, schedule_from_params
 
 ROOT = Path(__file__).resolve().parents[2]
 SM90 = Target("cuda", "sm_90")
@@ -193,15 +194,18 @@ def test_default_cluster_panels_compile_without_spills(tmp_path, monkeypatch):
 
 
 def test_default_for_many_matrices_compiles_without_spills(tmp_path, monkeypatch):
-    """The defaults for 200 matrices of 450 to 700 columns, rows and columns no multiple of 16: wide ones take
-    schedule.heuristic.default_many (16-wide rows panels), the others cols panels of 64 columns each their own
-    aggregate (default_cols_aggregates, past 132 matrices); every kernel compiles for sm_90 without spills."""
+    """The defaults for 200 matrices of 450 to 700 columns, rows and columns no multiple of 16: cols panels of 64
+    columns each their own aggregate (default_cols_aggregates, past 132 matrices), a wide matrix's over its first m
+    columns; every kernel compiles for sm_90 without spills."""
     _test_cache(tmp_path, monkeypatch)
     wide = default_schedule(Problem(450, 700, 200))
-    assert wide.aggregate == 64 and {p.width for p in wide.panels[:-1]} == {16}
+    assert wide.aggregate == 64 and {p.variant for p in wide.panels} == {"cols"}
+    assert sum(p.width for p in wide.panels) == 450
+    many = schedule_from_params(Problem(450, 700, 200), default_params(Problem(450, 700, 200), clustered=False))
+    assert many.aggregate == 64 and {p.width for p in many.panels[:-1]} == {16}  # default_many's, where no cols
     tall = default_schedule(Problem(500, 450, 200))
     assert tall.aggregate == 64 and {p.variant for p in tall.panels} == {"cols"}
-    items = {(r.name, r.source) for schedule in (wide, tall) for r in render_all(schedule, SM90)}
+    items = {(r.name, r.source) for schedule in (wide, many, tall) for r in render_all(schedule, SM90)}
     assert any(name == "qr_tf32x3_project64" for name, _ in items)
     _no_spills(sorted(items))
 

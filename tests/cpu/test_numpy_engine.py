@@ -273,7 +273,7 @@ def test_split_panel_products():
         assert default_schedule(problem).panel_update == "cublas"
     for problem in (Problem(8192, 512, 8), Problem(40000, 128, 4)):  # several tall matrices
         assert default_schedule(problem).panel_update == "rowsplit"
-    for problem in (Problem(1024, 1024, 200), Problem(600, 600, 3), Problem(512, 1024, 100), Problem(1000, 1000, 1),
+    for problem in (Problem(1024, 1024, 200), Problem(600, 600, 3), Problem(520, 1024, 100), Problem(1000, 1000, 1),
                     Problem(4096, 1024, 1), Problem(2048, 2048, 1), Problem(4096, 64, 64)):
         assert default_schedule(problem).panel_update == "fused"
     assert default_schedule(Problem(1024, 1024, 60)).precision.update == "tf32x3"  # under 2,048 columns

@@ -203,7 +203,7 @@ def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n,
     (600, 600, 40, ("tf32x3", "tf32x3", 0)),
     (512, 512, 40, ("tf32x3", "tf32x3", 0)),   # ... except cols panels each their own aggregate (cols_aggregates)
     (512, 512, 640, ("tf32x3", "tf32x3", 0)),  # ... past 132 matrices too where they are 64 columns wide
-    (512, 1024, 100, ("tf32x3", "tf32x3", 2)),  # ... and many wide matrices of 384 to 512 rows (default_many)
+    (512, 1024, 100, ("tf32x3", "tf32x3", 0)),  # ... and wide ones, over their first m columns
 ])
 def test_default_precision_of_the_aggregates(m, n, batch, expect):
     s = default_schedule(Problem(m, n, batch))
@@ -272,28 +272,33 @@ def test_with_cluster_onto_one_block():
 def test_default_for_many_matrices_of_384_to_512_rows():
     """default_many: from MANY_FROM matrices with min(m, n) >= 384 and m <= 512, the recipe of a 640 x 512² file
     tuned before cols panels (16-wide looped rows panels, warp panels below 129 rows, lanes on one warp for the last
-    32 columns, aggregates of 64
-    in tf32x3, lookahead 2, fused panel products, no clusters), where cols panels do not take them (n <= m:
-    default_cols_aggregates). Outside the bounds the former default."""
+    32 columns, aggregates of 64 in tf32x3, lookahead 2, fused panel products, no clusters), where cols panels do
+    not take them (default_cols_aggregates: on sm_90 they take every one, wide ones over their first m columns; on
+    sm_89's smaller shared memory not those of 400 rows or more). Outside the bounds the former default."""
     from qrgen.schedule.heuristic import MANY_FROM, default_many
 
-    many = default_schedule(Problem(512, 1024, 640))
+    sm89 = Target("cuda", "sm_89")
+    many = default_schedule(Problem(512, 1024, 640), sm89)
     assert default_many(Problem(512, 1024, 640)) and len(many.panels) == 32
     assert {(p.width, p.variant, p.loop) for p in many.panels[:-2]} == {(16, "rows", True), (16, "warp", True)}
     assert many.panels[-2:] == (Panel(16, "lanes", 32), Panel(16, "lanes", 32))
     assert (many.precision, many.aggregate, many.lookahead, many.panel_update, many.reach) == (
         Precision(project="tf32x3", update="tf32x3"), 64, 2, "fused", False)
-    for problem in (Problem(384, 500, 300), Problem(400, 1000, MANY_FROM), Problem(512, 600, 300)):
-        s = default_schedule(problem)
+    for problem in (Problem(512, 512, 640), Problem(400, 1000, MANY_FROM), Problem(512, 600, 300)):
+        s = default_schedule(problem, sm89)
         assert default_many(problem) and s.aggregate == 64 and s.precision.update == "tf32x3", problem
         assert {p.width for p in s.panels} == {16} and all(p.loop for p in s.panels if p.variant != "lanes")
-    for problem in (Problem(512, 512, 640), Problem(384, 384, 133), Problem(512, 384, 300)):  # n <= m: cols panels
+    for problem in (Problem(512, 512, 640), Problem(384, 384, 133), Problem(512, 384, 300), Problem(512, 1024, 640),
+                    Problem(384, 500, 300), Problem(400, 1000, MANY_FROM)):  # sm_90: cols panels
         assert default_many(problem) and default_schedule(problem).panels[0].variant == "cols", problem
     narrow = Problem(512, 383, 640)
     assert not default_many(narrow) and default_schedule(narrow).panels[0].variant == "cols"
-    for problem in (Problem(400, 1000, MANY_FROM - 1), Problem(513, 513, 640), Problem(383, 512, 640)):
+    for problem in (Problem(400, 1000, MANY_FROM - 1), Problem(513, 513, 640)):
         assert not default_many(problem), problem
-        assert default_schedule(problem).aggregate == 0 and 32 in {p.width for p in default_schedule(problem).panels}
+        assert default_schedule(problem, sm89).aggregate == 0
+        assert 32 in {p.width for p in default_schedule(problem, sm89).panels}
+    assert not default_many(Problem(383, 512, 640))  # a wide one: cols panels of 64 where they fit, sm_89's too
+    assert default_schedule(Problem(383, 512, 640), sm89).panels[0].variant == "cols"
 
 
 def test_default_for_tall_cols_panels():

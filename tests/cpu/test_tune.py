@@ -72,15 +72,17 @@ def test_default_params_give_the_default_cols_schedule(m, n, batch):
     (256, 256, 40, 128, 2), (300, 300, 7, 128, 2), (352, 352, 40, 128, 2), (512, 512, 16, 64, 2), (512, 256, 64, 64, 2),
     (256, 256, 100, 128, 1), (448, 448, 100, 64, 1), (512, 512, 132, 64, 1), (384, 384, 1, 128, 2), (512, 512, 2, 64, 2),
     (512, 512, 1, 0, 0), (512, 512, 133, 64, 1), (512, 512, 640, 64, 1), (384, 384, 300, 64, 1),
-    (256, 256, 133, 0, 0), (192, 192, 500, 0, 0), (128, 128, 500, 0, 0), (513, 513, 8, 0, 0), (300, 400, 8, 0, 0),
-    (176, 176, 40, 0, 0)])
+    (256, 256, 133, 0, 0), (192, 192, 500, 0, 0), (128, 128, 500, 0, 0), (513, 513, 8, 0, 0), (300, 400, 8, 128, 2),
+    (256, 1024, 16, 128, 2), (128, 512, 100, 128, 1), (511, 1000, 2, 64, 2), (512, 1024, 32, 64, 2),
+    (513, 1024, 8, 0, 0), (127, 1000, 3, 0, 0), (176, 176, 40, 0, 0)])
 def test_default_cols_panels_each_their_own_aggregate(m, n, batch, width, blocks):
-    """Matrices of COLS_FROM <= n <= m <= COLS_AGGREGATE_MAX_ROWS whose columns one cols panel cannot hold: cols
-    panels of the widest of COLS_AGGREGATE_WIDTHS that fits (on clusters of two blocks with 4 columns a warp up to
-    COLS_CLUSTER_MAX_BATCH matrices, else one block with 8), each its own aggregate, the aggregates' products in
-    tf32x3; past COLS_MAX_BATCH matrices only where that width is not the widest. Not for one matrix on the
-    widest clusters (from CLUSTER_FROM rows), wide matrices, more rows, or where one panel fits. The tuner's first
-    trial is the same point; its early variations hold the default without it and the other widths."""
+    """Matrices of COLS_FROM <= k, m <= COLS_AGGREGATE_MAX_ROWS whose columns one cols panel cannot hold: cols
+    panels over the k columns (a wide matrix's others take the aggregates' updates) of the widest of
+    COLS_AGGREGATE_WIDTHS that fits (on clusters of two blocks with 4 columns a warp up to COLS_CLUSTER_MAX_BATCH
+    matrices, else one block with 8), each its own aggregate, the aggregates' products in tf32x3; past
+    COLS_MAX_BATCH matrices only where that width is not the widest. Not for one matrix on the widest clusters
+    (from CLUSTER_FROM rows), fewer than COLS_FROM rows or columns, more rows, or where one panel fits. The tuner's
+    first trial is the same point; its early variations hold the default without it and the other widths."""
     from qrgen.schedule.heuristic import COLS_AGGREGATE_WIDTHS
 
     problem = Problem(m, n, batch)
@@ -90,12 +92,13 @@ def test_default_cols_panels_each_their_own_aggregate(m, n, batch, width, blocks
         assert not (schedule.aggregate and schedule.panels[0].variant == "cols")
         return
     assert schedule.aggregate == width and (schedule.precision.project, schedule.precision.update) == ("tf32x3",) * 2
-    assert [p.width for p in schedule.panels] == [min(width, n - c) for c in range(0, n, width)]
+    k = problem.k
+    assert [p.width for p in schedule.panels] == [min(width, k - c) for c in range(0, k, width)]
     assert all(p.variant == "cols" and p.blocks == blocks and p.cluster == (blocks == 2) for p in schedule.panels)
     assert schedule.panels[0].slice == (4 if blocks == 2 else 8)
     found = variations(problem)
     assert default_params(problem, clustered=False) in found
-    others = [a for a in COLS_AGGREGATE_WIDTHS if a != width and a < n]
+    others = [a for a in COLS_AGGREGATE_WIDTHS if a != width and a < k]
     assert [v["aggregate"] for v in found if v.get("family") == "cols" and v["aggregate"] != width] == others
     assert all(v["cols_head"] == v["aggregate"] for v in found if v.get("family") == "cols")
 
@@ -390,7 +393,7 @@ def test_aggregates_other_precision_and_clusters_are_early_trials(tmp_path):
 def test_column_loop_is_an_early_trial():
     """Where the default has warp or rows panels (the lanes family has them where lanes do not fit), the same point
     with the other column loop is tried early; schedules without such panels have no such trial."""
-    for problem in (Problem(512, 1024, 100), Problem(8192, 512, 1), Problem(4096, 4096, 9), Problem(1024, 1024, 200)):
+    for problem in (Problem(520, 1024, 100), Problem(8192, 512, 1), Problem(4096, 4096, 9), Problem(1024, 1024, 200)):
         default = default_params(problem)
         assert {**default, "loop": not default["loop"]} in variations(problem)
         assert schedule_from_params(problem, {**default, "loop": True}).panels != default_schedule(problem).panels \
@@ -409,8 +412,8 @@ def test_neighbouring_aggregate_sizes_are_early_trials():
                                   Problem(1024, 1024, 200), Problem(176, 176, 40), Problem(1024, 1024, 60))}
     assert default_params(Problem(512, 512, 40))["aggregate"] == 64  # cols panels (default_cols_aggregates)
     assert aggregates[Problem(512, 512, 40)] == [(0, None), (128, 0)]  # the default without cols panels too
-    assert default_params(Problem(512, 1024, 100))["aggregate"] == 64  # schedule.heuristic.default_many
-    assert aggregates[Problem(512, 1024, 100)] == [(128, 2)]
+    assert default_params(Problem(512, 1024, 100))["aggregate"] == 64  # cols panels over a wide matrix's k columns
+    assert aggregates[Problem(512, 1024, 100)] == [(128, 0)]  # (the default without them: default_many's, also 64)
     assert aggregates[Problem(512, 512, 640)] == [(128, 0)]  # cols panels past one wave: the other width
     assert default_params(Problem(1024, 1024, 200))["aggregate"] == 128
     assert aggregates[Problem(1024, 1024, 200)] == [(64, 2), (256, 2)]
@@ -464,15 +467,16 @@ def test_single_tall_matrices_default_to_clusters():
     assert default_schedule(Problem(TSQR_FROM - 1, 64, 2)).panels[0].cluster
     assert {p.variant for p in default_schedule(Problem(TSQR_FROM, 64, 2)).panels} == {"tsqr"}
     assert all(p.blocks == 16 for p in default_schedule(Problem(CLUSTER_FROM, CLUSTER_FROM, 1)).panels)
-    assert not any(p.cluster for p in default_schedule(Problem(CLUSTER_FROM - 1, 2 * CLUSTER_FROM, 1)).panels)
+    # below CLUSTER_FROM rows no wide clusters (a wide matrix's cols panels take pairs: cols-aggregates-default)
+    assert all(p.blocks <= 2 for p in default_schedule(Problem(CLUSTER_FROM - 1, 2 * CLUSTER_FROM, 1)).panels)
     assert all(p.blocks == 16 for p in default_schedule(Problem(2048, 32, 1)).panels)  # one panel: from 2048 rows
 
 
 @pytest.mark.parametrize("m,n,batch,blocks", [
     (2048, 2048, 2, 8), (2048, 2048, 8, 8), (2048, 2048, 9, 4), (2048, 2048, 16, 4), (2048, 2048, 17, 0),
     (4096, 4096, 4, 16), (4096, 4096, 5, 8), (4096, 4096, 8, 8), (4096, 4096, 9, 0), (1024, 1024, 15, 4),
-    (1024, 1024, 200, 0), (1536, 1536, 2, 4), (512, 1024, 32, 2), (512, 1024, 33, 0),
-    (8192, 512, 2, 16), (511, 1000, 2, 0), (4096, 32, 2, 0), (1024, 32, 1, 0), (2048, 33, 2, 8)])
+    (1024, 1024, 200, 0), (1536, 1536, 2, 4), (520, 1024, 32, 2), (520, 1024, 33, 0),
+    (8192, 512, 2, 16), (4096, 32, 2, 0), (1024, 32, 1, 0), (2048, 33, 2, 8)])
 def test_batches_default_to_clusters_of_256_to_512_rows_a_block(m, n, batch, blocks):
     """Several matrices of CLUSTER_FROM rows or more and more than one panel's columns: clusters of 256 to 512 rows
     a block (a power of two, at most 16 blocks), the most blocks with at most CLUSTER_BLOCKS_MAX in all, or none
