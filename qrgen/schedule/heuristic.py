@@ -283,7 +283,7 @@ def default_cols_aggregates(problem: Problem, target: Target = SM90) -> Schedule
         for width in COLS_AGGREGATE_WIDTHS:
             try:
                 panels = tuple(cols_panel(min(width, k - col), slice_, blocks) for col in range(0, k, width))
-                schedule = without_idle(Schedule(m, n, panels, tf32x3_precision(problem.k),
+                schedule = without_idle(Schedule(m, n, panels, tf32x3_precision(k),
                                                  fit_aggregate(width, target)))
                 check(schedule, target)
             except ValueError:
