@@ -115,7 +115,8 @@ class HostKernel:
         gx, gy, gz = dims + (1,) * (3 - len(dims))
         self.set_order(order)
         self.set_straggler(straggler)
-        shared = np.empty(max(1, self.blocks * shared_bytes // 4), dtype=np.float32)  # a group's blocks' own
+        # a group's blocks' own, NaN until written (a kernel reading shared memory it never wrote fails the gates)
+        shared = np.full(max(1, self.blocks * shared_bytes // 4), np.nan, dtype=np.float32)
         if self.fn(args.address, gx, gy, gz, threads, shared.ctypes.data, shared_bytes // 4):
             raise RuntimeError(f"{self.name}: a block deadlocked (a barrier, warp exchange, mbarrier wait or polled "
                                f"flag that the threads it waits for never reached or set)")

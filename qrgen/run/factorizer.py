@@ -19,6 +19,7 @@ from . import replay
 from .arrays import as_device_array, device_copy, on_caller_stream
 from .cuda_engine import factor
 from .launch import PackedArgs, launch_panel, load_function, sm_count
+from .sequence import reads_input
 from .workspace import Workspace
 
 log = logging.getLogger("qrgen")  # what a first call compiles, at INFO (silent unless the caller configures logging)
@@ -48,9 +49,9 @@ class Factorizer:
         self.aggregates, self.kept = self.plan.aggregates, self.plan.kept
         self.sources = sources  # rendered kernel sources by name (a generated module's files), else rendered here
         # A one-panel schedule with no columns right of its panel reads the input directly (no copy first) when it
-        # is aligned for the kernel's loads; a wide one (m < n) needs those columns in h before its update.
+        # is aligned for the kernel's loads (sequence.reads_input).
         vec = {k.name: k.vec for k in self.kernels}
-        direct = len(self.launches) == 1 and self.launches[0].nc == 0 and not schedule.scaled
+        direct = reads_input(self)
         self.direct_vec = vec[self.launches[0].kernel] if direct else 0
         self._functions: dict[int, dict] = {}  # device id -> kernel name -> (module, function)
         # The kernel that writes qr's reduced Q and R in one launch, where the schedule has one (one lanes panel on

@@ -12,7 +12,7 @@ from ..targets import Target
 from .buffers import w_parts
 from .launch import PackedArgs
 from .numpy_engine import CpuFactorizer, NumpyEngine
-from .sequence import drive, drive_q
+from .sequence import drive, drive_q, reads_input
 
 
 class HostKernelEngine(NumpyEngine):
@@ -22,8 +22,10 @@ class HostKernelEngine(NumpyEngine):
     emulated by the layer: templates/cuda/host/mma_tf32.cuh); cuBLAS's products are NumPy's."""
 
     def __init__(self, fac: CpuFactorizer, h: np.ndarray, tau: np.ndarray, target: Target, order: int = 0,
-                 straggler: int = -1):
+                 straggler: int = -1, src: np.ndarray | None = None):
         super().__init__(fac, h, tau)
+        # the input, which the first panel reads in place of h where the sequence reads it (sequence.reads_input)
+        self.src = src
         # the fibers' turns (compile/host.HostKernel): the order (0, or a seed) and the straggler warp (-1: none)
         self.turns = (order, straggler)
         specs = {k.name: k for k in fac.kernels}
@@ -51,18 +53,19 @@ class HostKernelEngine(NumpyEngine):
 
     def panel(self, index, L, epoch, v, z):
         h = self.buffers["h"]
+        src = self.src if index == 0 and self.src is not None else h
         if L.levels:  # a tsqr panel: a launch a phase, every tile of every matrix a block (as run/cuda_engine's)
             tree = self.buffers["tsqr_tree"]
             for ph in tsqr.tsqr_phases(L.levels, L.width):
                 args = PackedArgs(tsqr.SIGNATURE, (
-                    h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
+                    src.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
                     tree.ctypes.data, tree.shape[1], ph.kind, ph.rows, ph.at, ph.out, ph.tau, ph.t, ph.y, ph.v1,
                     L.c0, L.v_ld, L.v_bs))
                 self.kernels[L.kernel](args, (ph.tiles, self.nb), L.threads, L.shared_bytes, *self.turns)
             self.log.append(("panel", index, epoch))
             return
         args = PackedArgs(PANEL_SIGNATURE, (
-            h.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
+            src.ctypes.data, h.ctypes.data, self.tau.ctypes.data, self._address(*v), self._address(*z),
             self.exchange.ctypes.data, self.flags.ctypes.data, epoch, L.c0, L.rows, L.v_ld, L.v_bs, self.nb))
         self.kernels[L.kernel](args, panel_grid(L, self.nb), L.threads, L.shared_bytes, *self.turns)
         self.log.append(("panel", index, epoch))
@@ -213,9 +216,12 @@ def geqrf(a: np.ndarray, schedule, target: Target | None = None, order: int = 0,
     a = np.asarray(a, dtype=np.float32)
     batch, m, n = a.shape
     fac = CpuFactorizer(schedule, target=target)
-    h = a.copy()
+    # as the CUDA engine: h a copy of the input, or, where the first panel reads the input itself, h not written
+    # before it (NaN here, so that a sequence reading a column of h that nothing wrote fails the gates)
+    direct = reads_input(fac)
+    h = np.full_like(a, np.nan) if direct else a.copy()
     tau = np.zeros((batch, fac.k), dtype=np.float32)
-    engine = HostKernelEngine(fac, h, tau, target, order, straggler)
+    engine = HostKernelEngine(fac, h, tau, target, order, straggler, src=a if direct else None)
     drive(fac, engine)
     assert not engine.held, "side-stream work left unjoined"
     return h, tau

@@ -14,6 +14,7 @@ import pytest
 
 from kernel_cases import COLS_SCHEDULES, LANES_SCHEDULES, TSQR_COLS_SCHEDULES
 from qrgen.compile import host
+from qrgen.numerics import reference
 from qrgen.numerics.check import FACTOR_GATE, ORTHOGONALITY_GATE, check
 from qrgen.numerics.stress import FAMILIES, mixed
 from qrgen.plan.family import PANEL_SIGNATURE
@@ -400,6 +401,39 @@ def test_t_late_aggregates_apply_t_by_the_merge_kernel_on_the_cpu(monkeypatch):
     aggs = [a for a in plan(schedule, TARGET).aggregates if a.nc > 0]
     assert plan(schedule, TARGET).t_late == (0, 1, 2) and len(aggs) == 3
     assert sorted(set(merges)) == sorted((96, a.nc, 96) for a in aggs)
+
+
+# A wide matrix's one cols panel, its aggregate, forming its T (t_out), with columns right of it: widths whose rows
+# of T are no whole quads (2, 6 columns), 8 and 64 (the first panel reads a copy of the input in h: the columns right
+# of it are updated there, run/sequence.reads_input).
+T_OUT_SCHEDULES = {
+    "cols2_2x9": Schedule(2, 9, (Panel(2, "cols", 32, 1, 2),), aggregate=2),
+    "cols6_6x13": Schedule(6, 13, (Panel(6, "cols", 96, 1, 2),), aggregate=6),
+    "cols8_8x20": Schedule(8, 20, (Panel(8, "cols", 64, 1, 4),), aggregate=8),
+    "cols64_64x100": Schedule(64, 100, (Panel(64, "cols", 256, 1, 8),), Precision("fp32", "tf32x3", "tf32x3"),
+                              aggregate=64),
+}
+
+
+@pytest.mark.parametrize("case", sorted(T_OUT_SCHEDULES))
+def test_a_panel_that_forms_its_t_writes_lapacks_t_on_the_cpu(case):
+    """The T that a t_out panel writes (its aggregate's, read by the merge or the projections) is slarft's T of the
+    panel's own V and tau, zero below its diagonal; and the factorization passes the gates with twice the margin."""
+    schedule = T_OUT_SCHEDULES[case]
+    fac = host_engine.CpuFactorizer(schedule, target=TARGET)
+    assert [L.t_out for L in fac.launches] == [True] and fac.aggregates[0].nc == schedule.n - schedule.m
+    assert not host_engine.reads_input(fac)
+    a = mixed(schedule.m, schedule.n, len(FAMILIES), seed=7)[0]
+    h, tau = a.copy(), np.zeros((len(a), fac.k), dtype=np.float32)
+    engine = host_engine.HostKernelEngine(fac, h, tau, TARGET)
+    host_engine.drive(fac, engine)
+    w = schedule.m
+    v = np.tril(h[:, :, :w].astype(np.float64), -1) + np.eye(w)
+    want = reference.tmatrix(np.swapaxes(v, 1, 2) @ v, tau.astype(np.float64))
+    got = engine.buffers["tmat"][:, :w * w].reshape(-1, w, w)
+    scale = np.abs(want).max(axis=(1, 2), keepdims=True) + 1e-30
+    assert (np.abs(got - want) / scale).max() < 1e-4
+    _gates(schedule)
 
 
 def test_the_aggregates_t_runs_on_the_t_kernel():

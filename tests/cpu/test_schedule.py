@@ -180,15 +180,21 @@ def test_find_in_fp32_keeps_the_panels():
             call()
 
 
-@pytest.mark.parametrize("m,n,direct", [(10, 100, False), (32, 200, False), (1, 64, False), (32, 32, True),
-                                        (100, 8, True), (64, 64, True), (96, 64, False)])
-def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n, direct):
+@pytest.mark.parametrize("m,n,batch,direct", [(10, 100, 4, False), (32, 200, 4, False), (1, 64, 4, False),
+                                              (32, 32, 4, True), (100, 8, 4, True), (64, 64, 4, True),
+                                              (96, 64, 4, False), (128, 512, 4, False), (128, 512, 100, False),
+                                              (128, 129, 100, False), (128, 128, 100, True)])
+def test_input_read_directly_only_by_a_lone_panel_with_nothing_right_of_it(m, n, batch, direct):
     """A one-panel schedule may read the caller's array in place of a copy into h, but only if no columns lie
-    right of the panel (a wide matrix's trailing columns must be in h before the panel's update)."""
+    right of the panel: a wide matrix's trailing columns must be in h before the panel's update or its aggregate's
+    (128 x 512: one cols panel whose aggregate updates the 384 columns right of it). Nor is such a schedule the fast
+    lane's one launch."""
     from qrgen.run.factorizer import Factorizer
 
-    fac = Factorizer(m, n, default_schedule(Problem(m, n, 4)), Target("cuda", "sm_90"))
+    schedule = default_schedule(Problem(m, n, batch))
+    fac = Factorizer(m, n, schedule, Target("cuda", "sm_90"))
     assert (fac.direct_vec > 0) == direct
+    assert not fac.one_launch or direct
 
 
 @pytest.mark.parametrize("m,n,batch,expect", [

@@ -81,19 +81,46 @@ def test_wide_one_panel_every_family(m, n):
     assert result.ok, f"{m}x{n} {labels}: {result}"
 
 
-@pytest.mark.parametrize("batch,m,n", [(70, 512, 700), (64, 384, 500)])
+@pytest.mark.parametrize("batch,m,n", [(70, 512, 700), (64, 500, 620)])
 def test_default_for_many_wide_matrices_every_family(batch, m, n):
-    """The default for 64 or more wide matrices of 384 to 512 rows (schedule.default_many: 16-wide looped rows
-    panels, aggregates of 64 with tf32x3 products and lookahead 2), not a multiple of 16, on a batch of every stress
-    family at random positions."""
-    from qrgen.problem import Problem
-    from qrgen.schedule.heuristic import default_many, default_schedule
+    """The default for 64 or more wide matrices of 384 to 512 rows where cols panels of 64 columns do not fit (sm_86
+    and sm_89's shared memory; schedule.default_many: 16-wide looped rows panels, aggregates of 64 with tf32x3
+    products and lookahead 2), not a multiple of 16, run on this GPU, on a batch of every stress family at random
+    positions."""
+    import cupy
 
-    assert default_many(Problem(m, n, batch))
-    assert {p.width for p in default_schedule(Problem(m, n, batch)).panels[:-2]} == {16}
+    from qrgen.problem import Problem
+    from qrgen.run.factorizer import Factorizer
+    from qrgen.run.launch import device_target
+    from qrgen.schedule.heuristic import default_many, default_schedule
+    from qrgen.targets import Target
+
+    schedule = default_schedule(Problem(m, n, batch), Target("cuda", "sm_86"))
+    assert default_many(Problem(m, n, batch)) and {p.width for p in schedule.panels[:-2]} == {16}
+    fac = Factorizer(m, n, schedule, device_target(cupy.cuda.Device().id))
     a, labels = mixed(m, n, batch, seed=batch + m)
-    result = geqrf_checked(a)
+    result = geqrf_checked(a, fac)
     assert result.ok, f"{batch} x {m}x{n} {labels}: {result}"
+
+
+@pytest.mark.parametrize("batch,m,n", [(10, 128, 512), (100, 128, 512), (100, 128, 129), (10, 130, 260),
+                                       (100, 130, 395), (100, 134, 300), (16, 256, 1024), (64, 384, 1000),
+                                       (100, 512, 1100)])
+def test_wide_cols_aggregates_every_family(batch, m, n):
+    """Wide matrices of 128 to 512 rows: cols panels over their first m columns, each its own aggregate, whose
+    updates carry the columns past them (schedule.default_cols_aggregates): one panel with every column right of it
+    (128 rows: the input copied into h first, run/sequence.reads_input), a last panel of 2 or 6 rows forming its T
+    (rows of T no whole quads), on one block and on clusters. Every stress family at random positions, each call
+    twice (the second one through the fast lane where it takes the shape)."""
+    from qrgen.problem import Problem
+    from qrgen.schedule.heuristic import default_schedule
+
+    schedule = default_schedule(Problem(m, n, batch))
+    assert {p.variant for p in schedule.panels} == {"cols"} and schedule.aggregate
+    a, labels = mixed(m, n, batch, seed=batch + m + n)
+    for _ in range(2):
+        result = geqrf_checked(a)
+        assert result.ok, f"{batch} x {m}x{n} {labels}: {result}"
 
 
 @pytest.mark.parametrize("batch,m,n", [(133, 384, 384), (140, 400, 400), (150, 500, 450), (200, 512, 300)])
