@@ -196,7 +196,7 @@ def qr(a: np.ndarray, schedule, target: Target | None = None) -> tuple[np.ndarra
         h, tau = geqrf(a, schedule, target)
         return qmatrix.householder_product(h, tau).astype(np.float32), np.triu(h[:, :n, :])
     h = a.copy()
-    engine = HostKernelEngine(fac, h, np.zeros((batch, fac.k), dtype=np.float32), target)
+    engine = HostKernelEngine(fac, h, np.full((batch, fac.k), np.nan, dtype=np.float32), target)
     drive(fac, engine)
     q = np.zeros((batch, m, n), dtype=np.float32)
     q[:, range(n), range(n)] = 1.0
@@ -220,7 +220,7 @@ def geqrf(a: np.ndarray, schedule, target: Target | None = None, order: int = 0,
     # before it (NaN here, so that a sequence reading a column of h that nothing wrote fails the gates)
     direct = reads_input(fac)
     h = np.full_like(a, np.nan) if direct else a.copy()
-    tau = np.zeros((batch, fac.k), dtype=np.float32)
+    tau = np.full((batch, fac.k), np.nan, dtype=np.float32)  # (as the GPU's: written by the panels only)
     engine = HostKernelEngine(fac, h, tau, target, order, straggler, src=a if direct else None)
     drive(fac, engine)
     assert not engine.held, "side-stream work left unjoined"
