@@ -789,6 +789,13 @@ struct ColsPanel {
     block_barrier();
     if constexpr (S < NB) t_join<S>();
     float* out = zt + (size_t)b * NB * NB;
+    if constexpr (NB % 4 != 0) {  // a row's entries are no whole quads: one at a time
+      for (int e = warp * 32 + lane; e < NB * NB; e += WARPS * 32) {
+        const int r = e / NB, c = e - r * NB;
+        out[e] = c < r ? 0.0f : t_at(r, c);
+      }
+      return;
+    }
     constexpr int QUADS = NB * NB / 4, PER = cdiv(QUADS, WARPS * 32);
 #pragma unroll
     for (int p = 0; p < PER; ++p) {
