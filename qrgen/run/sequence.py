@@ -11,9 +11,7 @@ def reads_input(fac) -> bool:
     """Whether the launch sequence may read its input in place of a copy in h (the first panel's src): only where
     one panel is everything, no column right of it. A wide matrix's columns past its panels, and any aggregate's
     update of them, read and write h, which must hold them first; a scaled schedule's scale kernel makes the copy."""
-    first = fac.launches[0]
-    return (len(fac.launches) == 1 and first.nc == 0 and first.c0 + first.width == fac.n
-            and not fac.schedule.scaled)
+    return len(fac.launches) == 1 and fac.launches[0].width == fac.n and not fac.schedule.scaled
 
 
 def side_pieces(c0: int, c1: int, rows: int, batch: int, sms: int, waves: int) -> list[tuple[int, int]]:
