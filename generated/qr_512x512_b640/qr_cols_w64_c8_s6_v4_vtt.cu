@@ -906,7 +906,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   panel.run(src, h, tau, vt, zt);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(256, 2)
 qr_cols_w64_c8_s6_v4_vtt(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
   panel_cols<512, 512, 512, 6, 64, 8, 4, 0, true, false, 1, false, false, true>(

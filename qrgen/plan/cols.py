@@ -20,6 +20,12 @@ REG_OVERHEAD = 18
 # ... beside the columns alone, where consumers stream the reflector from shared memory (streams)
 STREAM_OVERHEAD = 26
 SLICES = (2, 4, 8)
+# A one-block panel is compiled for as many resident blocks an SM as its registers allow (resident_blocks): the
+# column registers the model counts plus this many, and for a panel that forms T at least T_OUT_REGISTERS
+# (tests/compile checks that none spills; docs/decisions.md#cols-resident)
+RESIDENT_HEADROOM = 8
+T_OUT_REGISTERS = 96
+THREADS_PER_SM = 2048
 
 
 def check(panel) -> None:
@@ -149,6 +155,25 @@ def describe(panel) -> str:
     return f" slice {panel.slice}" + (f" x{panel.blocks} blocks (cluster)" if panel.cluster else "")
 
 
+def resident_blocks(spec) -> int:
+    """Blocks an SM the kernel is compiled for (__launch_bounds__): the most whose register cap still holds its
+    column registers (with RESIDENT_HEADROOM, T_OUT_REGISTERS where it forms T) and whose shared memory and threads
+    an SM of the default architecture holds; one for a panel on a cluster. So the later, shorter panels of a batch
+    of more matrices than SMs share an SM, where an uncapped allocation would leave one block an SM."""
+    if spec.blocks > 1:
+        return 1
+    limits = _default_limits()
+    need = column_registers(spec.slots, spec.slice, spec.threads) + RESIDENT_HEADROOM
+    if spec.t_out:
+        need = max(need, T_OUT_REGISTERS)
+    blocks = 1
+    while ((blocks + 1) * spec.threads <= THREADS_PER_SM
+           and family.register_cap(spec.threads * (blocks + 1), limits) >= need
+           and (blocks + 1) * (spec.shared_bytes + 1024) <= limits.sm_shared_bytes):
+        blocks += 1
+    return blocks
+
+
 def render(spec, schedule, target):
-    return family.render_panel(spec, schedule, target, cols_stream=streams(spec.slots, spec.slice, spec.threads),
+    return family.render_panel(spec, schedule, target, resident_blocks(spec), cols_stream=streams(spec.slots, spec.slice, spec.threads),
                                cols_reuse=spec_reuses(spec))

@@ -123,6 +123,22 @@ def test_cols_and_lanes_kernels_compile_without_spills(schedule, tmp_path, monke
     _no_spills([(r.name, r.source) for r in render_all(schedule, SM90)])
 
 
+def test_cols_panels_compiled_for_several_blocks_an_sm_do_not_spill(tmp_path, monkeypatch):
+    """The cols kernels of default schedules past the SMs' count that cols.resident_blocks compiles for more than one
+    block an SM (under a register cap of 128 down to 48): T formed or not, 1 to 10 row slots, 32 to 64 columns."""
+    from qrgen.plan.cols import resident_blocks
+
+    _test_cache(tmp_path, monkeypatch)
+    items = {}
+    for m, n in ((384, 384), (416, 416), (512, 256), (512, 384), (416, 312), (384, 448)):
+        schedule = default_schedule(Problem(m, n, 200), SM90)
+        for spec in plan(schedule, SM90).kernels:
+            if spec.variant == "cols" and resident_blocks(spec) > 1:
+                items[f"{spec.name}_{m}x{n}"] = render(spec, schedule, SM90).source
+    assert len(items) >= 14
+    _no_spills(list(items.items()))
+
+
 def test_aggregated_schedule_kernels_compile(tmp_path, monkeypatch):
     """(Its plan: tests/cpu/test_plan.py, test_aggregated_schedule_plan.)"""
     _test_cache(tmp_path, monkeypatch)
