@@ -175,5 +175,5 @@ def resident_blocks(spec) -> int:
 
 
 def render(spec, schedule, target):
-    return family.render_panel(spec, schedule, target, resident_blocks(spec), cols_stream=streams(spec.slots, spec.slice, spec.threads),
-                               cols_reuse=spec_reuses(spec))
+    return family.render_panel(spec, schedule, target, resident_blocks(spec),
+                               cols_stream=streams(spec.slots, spec.slice, spec.threads), cols_reuse=spec_reuses(spec))
