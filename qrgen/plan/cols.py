@@ -21,11 +21,15 @@ REG_OVERHEAD = 18
 STREAM_OVERHEAD = 26
 SLICES = (2, 4, 8)
 # A one-block panel is compiled for as many resident blocks an SM as its registers allow (resident_blocks): the
-# column registers the model counts plus this many, and for a panel that forms T at least T_OUT_REGISTERS
-# (tests/compile checks that none spills; docs/decisions.md#cols-resident)
-RESIDENT_HEADROOM = 8
+# column registers the model counts plus this many, at least RESIDENT_MIN_REGISTERS (a small panel's fixed share),
+# and for a panel that forms T at least T_OUT_REGISTERS (tests/compile checks that none spills;
+# docs/decisions.md#cols-resident)
+RESIDENT_HEADROOM = 12
+RESIDENT_MIN_REGISTERS = 64
 T_OUT_REGISTERS = 96
 THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+SCHEDULERS = 4  # an SM's warp schedulers, each with a quarter of its register file
 
 
 def check(panel) -> None:
@@ -157,21 +161,29 @@ def describe(panel) -> str:
 
 def resident_blocks(spec) -> int:
     """Blocks an SM the kernel is compiled for (__launch_bounds__): the most whose register cap still holds its
-    column registers (with RESIDENT_HEADROOM, T_OUT_REGISTERS where it forms T) and whose shared memory and threads
+    column registers (with RESIDENT_HEADROOM and its floors) and whose shared memory and threads
     an SM of the default architecture holds; one for a panel on a cluster. So the later, shorter panels of a batch
     of more matrices than SMs share an SM, where an uncapped allocation would leave one block an SM."""
     if spec.blocks > 1:
         return 1
     limits = _default_limits()
-    need = column_registers(spec.slots, spec.slice, spec.threads) + RESIDENT_HEADROOM
-    if spec.t_out:
-        need = max(need, T_OUT_REGISTERS)
+    need = max(column_registers(spec.slots, spec.slice, spec.threads) + RESIDENT_HEADROOM, RESIDENT_MIN_REGISTERS,
+               T_OUT_REGISTERS if spec.t_out else 0)
     blocks = 1
-    while ((blocks + 1) * spec.threads <= THREADS_PER_SM
-           and family.register_cap(spec.threads * (blocks + 1), limits) >= need
+    while (blocks < BLOCKS_PER_SM and (blocks + 1) * spec.threads <= THREADS_PER_SM
+           and resident_register_cap(spec.threads, blocks + 1, limits) >= need
            and (blocks + 1) * (spec.shared_bytes + 1024) <= limits.sm_shared_bytes):
         blocks += 1
     return blocks
+
+
+def resident_register_cap(threads: int, blocks: int, limits) -> int:
+    """The register cap of __launch_bounds__(threads, blocks) as ptxas sets it: the blocks' warps spread over the
+    SM's schedulers, each holding a quarter of the register file (a block of fewer than 4 warps gets less than a
+    plain share of the SM's registers)."""
+    warps = blocks * math.ceil(threads / 32)
+    per_scheduler = math.ceil(warps / SCHEDULERS)
+    return min(limits.registers_per_thread, limits.registers_per_sm // SCHEDULERS // (per_scheduler * 32) // 8 * 8)
 
 
 def render(spec, schedule, target):

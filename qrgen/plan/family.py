@@ -78,7 +78,7 @@ def quick_level(spec: KernelSpec) -> str:
 
 
 def register_cap(threads: int, limits) -> int:
-    """The register cap __launch_bounds__(threads, 1) allows a thread (threads: of every resident block an SM)."""
+    """The register cap __launch_bounds__(threads, 1) allows a thread."""
     return min(limits.registers_per_thread, (limits.registers_per_sm // threads) // 8 * 8)
 
 

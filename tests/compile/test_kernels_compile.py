@@ -125,17 +125,21 @@ def test_cols_and_lanes_kernels_compile_without_spills(schedule, tmp_path, monke
 
 def test_cols_panels_compiled_for_several_blocks_an_sm_do_not_spill(tmp_path, monkeypatch):
     """The cols kernels of default schedules past the SMs' count that cols.resident_blocks compiles for more than one
-    block an SM (under a register cap of 128 down to 48): T formed or not, 1 to 10 row slots, 32 to 64 columns."""
+    block an SM (under a register cap of 128 down to 48): T formed or not, 1 to 10 row slots, 32 to 64 columns;
+    and narrow panels of fewer than four warps a block, whose warps share the schedulers' register files unevenly."""
     from qrgen.plan.cols import resident_blocks
 
     _test_cache(tmp_path, monkeypatch)
+    schedules = [default_schedule(Problem(m, n, 200), SM90)
+                 for m, n in ((384, 384), (416, 416), (512, 256), (512, 384), (416, 312), (384, 448))]
+    schedules += [Schedule(416, 8, (Panel(8, "cols", 32, 1, 8),)), Schedule(512, 24, (Panel(24, "cols", 192, 1, 4),)),
+                  Schedule(128, 48, (Panel(24, "cols", 96, 1, 8),) * 2, Precision("fp32", "tf32x3", "tf32x3"), 24)]
     items = {}
-    for m, n in ((384, 384), (416, 416), (512, 256), (512, 384), (416, 312), (384, 448)):
-        schedule = default_schedule(Problem(m, n, 200), SM90)
+    for schedule in schedules:
         for spec in plan(schedule, SM90).kernels:
             if spec.variant == "cols" and resident_blocks(spec) > 1:
-                items[f"{spec.name}_{m}x{n}"] = render(spec, schedule, SM90).source
-    assert len(items) >= 14
+                items[f"{spec.name}_{schedule.m}x{schedule.n}"] = render(spec, schedule, SM90).source
+    assert len(items) >= 17 and any(name.endswith("_vtt_128x48") for name in items)
     _no_spills(list(items.items()))
 
 

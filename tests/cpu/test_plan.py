@@ -149,15 +149,11 @@ def test_cols_panels_that_are_their_aggregate_write_t():
 
 
 
-def _cap(threads: int) -> int:
-    return (65536 // threads) // 8 * 8
-
-
 def test_one_block_cols_panels_are_compiled_for_the_blocks_an_sm_holds():
     """cols.resident_blocks: a one-block panel's __launch_bounds__ asks for as many blocks an SM as a register cap
-    that holds its columns (with headroom; at least T_OUT_REGISTERS where it forms T) and the SM's shared memory
-    and threads allow; panels on clusters ask for one. 640 x 512²'s panels of 64 columns: the tall ones fill an SM
-    alone, from 320 rows two share one, the last (64 rows, no T) four."""
+    that holds its columns (with headroom; at least RESIDENT_MIN_REGISTERS, and T_OUT_REGISTERS where it forms T)
+    and the SM's shared memory and threads allow; panels on clusters ask for one. 640 x 512²'s panels of 64
+    columns: the tall ones fill an SM alone, from 320 rows two share one, the last (64 rows, no T) four."""
     s = default_schedule(Problem(512, 512, 640))
     p = plan(s)
     specs = [p.kernel(L.kernel) for L in p.launches]
@@ -166,14 +162,18 @@ def test_one_block_cols_panels_are_compiled_for_the_blocks_an_sm_holds():
 
     def need(spec):
         registers = cols.column_registers(spec.slots, spec.slice, spec.threads) + cols.RESIDENT_HEADROOM
-        return max(registers, cols.T_OUT_REGISTERS) if spec.t_out else registers
+        return max(registers, cols.RESIDENT_MIN_REGISTERS, cols.T_OUT_REGISTERS if spec.t_out else 0)
 
     for spec, want in zip(specs, blocks):
-        assert _cap(spec.threads * want) >= need(spec)
+        assert cols.resident_register_cap(spec.threads, want, SM90.limits) == min(255, 65536 // (spec.threads * want))
+        assert cols.resident_register_cap(spec.threads, want, SM90.limits) >= need(spec)
         assert want * (spec.shared_bytes + 1024) <= SM90.limits.sm_shared_bytes
         assert f"__launch_bounds__({spec.threads}, {want})" in render(spec, s, SM90).source
     # one block more and the cap no longer holds the columns
-    assert _cap(specs[2].threads * 2) < need(specs[2]) and _cap(specs[-1].threads * 5) < need(specs[-1])
+    assert cols.resident_register_cap(specs[2].threads, 2, SM90.limits) < need(specs[2])
+    assert cols.resident_register_cap(specs[-1].threads, 5, SM90.limits) < need(specs[-1])
+    # blocks of fewer than four warps: the warps a scheduler holds set the cap (13 one-warp blocks: 4 a scheduler)
+    assert cols.resident_register_cap(32, 13, SM90.limits) == 128 < (65536 // (32 * 13)) // 8 * 8
     from kernel_cases import COLS_SCHEDULES
     cluster = plan(COLS_SCHEDULES[6])  # clusters of two
     assert {cols.resident_blocks(k) for k in cluster.kernels if k.variant == "cols"} == {1}
