@@ -161,9 +161,9 @@ def describe(panel) -> str:
 
 def resident_blocks(spec) -> int:
     """Blocks an SM the kernel is compiled for (__launch_bounds__): the most whose register cap still holds its
-    column registers (with RESIDENT_HEADROOM and its floors) and whose shared memory and threads
-    an SM of the default architecture holds; one for a panel on a cluster. So the later, shorter panels of a batch
-    of more matrices than SMs share an SM, where an uncapped allocation would leave one block an SM."""
+    column registers (with RESIDENT_HEADROOM and its floors) and whose shared memory and threads an SM of the
+    default architecture holds; one for a panel on a cluster. So the later, shorter panels of a batch of more
+    matrices than SMs share an SM, where an uncapped allocation would leave one block an SM."""
     if spec.blocks > 1:
         return 1
     limits = _default_limits()

@@ -125,7 +125,7 @@ def test_cols_and_lanes_kernels_compile_without_spills(schedule, tmp_path, monke
 
 def test_cols_panels_compiled_for_several_blocks_an_sm_do_not_spill(tmp_path, monkeypatch):
     """The cols kernels of default schedules past the SMs' count that cols.resident_blocks compiles for more than one
-    block an SM (under a register cap of 128 down to 48): T formed or not, 1 to 10 row slots, 32 to 64 columns;
+    block an SM (under a register cap of 128 down to 64): T formed or not, 1 to 10 row slots, 32 to 64 columns;
     and narrow panels of fewer than four warps a block, whose warps share the schedulers' register files unevenly."""
     from qrgen.plan.cols import resident_blocks
 

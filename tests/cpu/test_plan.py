@@ -148,7 +148,6 @@ def test_cols_panels_that_are_their_aggregate_write_t():
     assert plan(tall).launches[0].t_out and not plan(tall, sm86).launches[0].t_out
 
 
-
 def test_one_block_cols_panels_are_compiled_for_the_blocks_an_sm_holds():
     """cols.resident_blocks: a one-block panel's __launch_bounds__ asks for as many blocks an SM as a register cap
     that holds its columns (with headroom; at least RESIDENT_MIN_REGISTERS, and T_OUT_REGISTERS where it forms T)
@@ -177,6 +176,7 @@ def test_one_block_cols_panels_are_compiled_for_the_blocks_an_sm_holds():
     from kernel_cases import COLS_SCHEDULES
     cluster = plan(COLS_SCHEDULES[6])  # clusters of two
     assert {cols.resident_blocks(k) for k in cluster.kernels if k.variant == "cols"} == {1}
+
 
 @pytest.mark.parametrize("width,slice_", [(1, 2), (2, 2), (4, 4), (8, 8)])
 def test_cols_cluster_whose_last_block_owns_no_columns_is_refused(width, slice_):
