@@ -29,7 +29,6 @@ RESIDENT_MIN_REGISTERS = 64
 T_OUT_REGISTERS = 96
 THREADS_PER_SM = 2048
 BLOCKS_PER_SM = 32
-SCHEDULERS = 4  # an SM's warp schedulers, each with a quarter of its register file
 
 
 def check(panel) -> None:
@@ -171,19 +170,10 @@ def resident_blocks(spec) -> int:
                T_OUT_REGISTERS if spec.t_out else 0)
     blocks = 1
     while (blocks < BLOCKS_PER_SM and (blocks + 1) * spec.threads <= THREADS_PER_SM
-           and resident_register_cap(spec.threads, blocks + 1, limits) >= need
+           and family.resident_register_cap(spec.threads, blocks + 1, limits) >= need
            and (blocks + 1) * (spec.shared_bytes + 1024) <= limits.sm_shared_bytes):
         blocks += 1
     return blocks
-
-
-def resident_register_cap(threads: int, blocks: int, limits) -> int:
-    """The register cap of __launch_bounds__(threads, blocks) as ptxas sets it: the blocks' warps spread over the
-    SM's schedulers, each holding a quarter of the register file (a block of fewer than 4 warps gets less than a
-    plain share of the SM's registers)."""
-    warps = blocks * math.ceil(threads / 32)
-    per_scheduler = math.ceil(warps / SCHEDULERS)
-    return min(limits.registers_per_thread, limits.registers_per_sm // SCHEDULERS // (per_scheduler * 32) // 8 * 8)
 
 
 def render(spec, schedule, target):

@@ -82,6 +82,17 @@ def register_cap(threads: int, limits) -> int:
     return min(limits.registers_per_thread, (limits.registers_per_sm // threads) // 8 * 8)
 
 
+SCHEDULERS = 4  # an SM's warp schedulers, each with a quarter of its register file
+
+
+def resident_register_cap(threads: int, blocks: int, limits) -> int:
+    """The register cap of __launch_bounds__(threads, blocks) as ptxas sets it: the blocks' warps spread over the
+    SM's schedulers, each holding a quarter of the register file, so that blocks of fewer than 4 warps get less than
+    register_cap's plain share (which it equals where the warps divide evenly)."""
+    per_scheduler = math.ceil(blocks * math.ceil(threads / 32) / SCHEDULERS)
+    return min(limits.registers_per_thread, limits.registers_per_sm // SCHEDULERS // (per_scheduler * 32) // 8 * 8)
+
+
 def vec(*values: int) -> int:
     """The widest load (4, 2 or 1 floats) that every value is a multiple of."""
     for v in (4, 2, 1):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kernel_cases import LANES_SCHEDULES
-from qrgen.plan import cols, fused, tmat
+from qrgen.plan import cols, family, fused, tmat
 from qrgen.plan.family import PANEL_SIGNATURE
 from qrgen.plan.planner import check, plan
 from qrgen.problem import Problem
@@ -164,15 +164,15 @@ def test_one_block_cols_panels_are_compiled_for_the_blocks_an_sm_holds():
         return max(registers, cols.RESIDENT_MIN_REGISTERS, cols.T_OUT_REGISTERS if spec.t_out else 0)
 
     for spec, want in zip(specs, blocks):
-        assert cols.resident_register_cap(spec.threads, want, SM90.limits) == min(255, 65536 // (spec.threads * want))
-        assert cols.resident_register_cap(spec.threads, want, SM90.limits) >= need(spec)
+        cap = family.resident_register_cap(spec.threads, want, SM90.limits)
+        assert cap == min(255, 65536 // (spec.threads * want)) and cap >= need(spec)
         assert want * (spec.shared_bytes + 1024) <= SM90.limits.sm_shared_bytes
         assert f"__launch_bounds__({spec.threads}, {want})" in render(spec, s, SM90).source
     # one block more and the cap no longer holds the columns
-    assert cols.resident_register_cap(specs[2].threads, 2, SM90.limits) < need(specs[2])
-    assert cols.resident_register_cap(specs[-1].threads, 5, SM90.limits) < need(specs[-1])
+    assert family.resident_register_cap(specs[2].threads, 2, SM90.limits) < need(specs[2])
+    assert family.resident_register_cap(specs[-1].threads, 5, SM90.limits) < need(specs[-1])
     # blocks of fewer than four warps: the warps a scheduler holds set the cap (13 one-warp blocks: 4 a scheduler)
-    assert cols.resident_register_cap(32, 13, SM90.limits) == 128 < (65536 // (32 * 13)) // 8 * 8
+    assert family.resident_register_cap(32, 13, SM90.limits) == 128 < (65536 // (32 * 13)) // 8 * 8
     from kernel_cases import COLS_SCHEDULES
     cluster = plan(COLS_SCHEDULES[6])  # clusters of two
     assert {cols.resident_blocks(k) for k in cluster.kernels if k.variant == "cols"} == {1}
