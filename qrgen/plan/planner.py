@@ -165,9 +165,9 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
         kernels.append(tmat.kernel(target))
     if schedule.scaled:
         kernels.append(scale.kernel())
-    kinds = set(tf32x3.kinds(schedule, keep)) - (set() if merges else {"gram"})
-    fused_t = tuple(i for i, a in enumerate(aggs) if a.nc > 0 and tf32x3.t_fused(schedule, a, keep))
     late = tuple(i for i, a in enumerate(aggs) if t_late(schedule, a, launches[a.last].t_out, keep))
+    kinds = set(tf32x3.kinds(schedule, keep, late)) - (set() if merges else {"gram"})
+    fused_t = tuple(i for i, a in enumerate(aggs) if a.nc > 0 and i not in late and tf32x3.t_fused(schedule, a, keep))
     kept = kept_blocks(launches, aggs) if keep else ()
     for block in kept:
         if tf32x3.q_precision(block.width) == "tf32x3":
@@ -182,10 +182,11 @@ def t_late(schedule, agg, t_out: bool, keep: bool = False) -> bool:
     applied to its result, W = T^T (V^T C), so that the merge forms no (VT)^T (docs/decisions.md#t-late): an
     aggregate with columns right of it whose merge forms G and T (its last panel does not write T: t_out), on one
     stream otherwise (no lookahead, nor reach, which needs it), through the two products (apply3 reads (VT)^T), not in
-    qr's keep plans (Q's products read (VT)^T), and not for tf32x3 projections: those apply T in their kernel where
-    their grid fills the GPU (Plan.t_fused, tf32x3.t_fills) and split K over more blocks where it does not."""
-    return (not keep and agg.nc > 0 and not t_out and not schedule.lookahead
-            and schedule.aggregate_update == "gemm" and schedule.precision.project != "tf32x3")
+    qr's keep plans (Q's products read (VT)^T). A tf32x3 projection, which can apply T in its epilogue instead
+    (Plan.t_fused), only where fewer columns than rows lie right of the aggregate: W = T^T Y then costs less than G,
+    beside which the projection runs (a wide matrix's T^T Y costs as much as its projection)."""
+    return (not keep and agg.nc > 0 and not t_out and not schedule.lookahead and schedule.aggregate_update == "gemm"
+            and (schedule.precision.project != "tf32x3" or agg.nc < agg.rows))
 
 
 def _named(spec: KernelSpec, columns: list[int]) -> KernelSpec:

@@ -2,9 +2,10 @@
 
 reflectors      V^T of a panel, or of an aggregate (its panels write into it)
 panel_wy        (V T)^T of a panel
-w               W of a trailing update (and its parts, w_parts; w_side: the side stream's, with lookahead)
+w               W of a trailing update, or a t_late aggregate's V^T C (and its parts, w_parts; w_side: the side
+                stream's, with lookahead)
 gram            G = V^T V of an aggregate (and its parts, gram_parts); tmat: its T
-aggregate_wy    (V T)^T of an aggregate (a t_late aggregate's V^T C)
+aggregate_wy    (V T)^T of an aggregate (a t_late aggregate's W = T^T (V^T C))
 q_w             W of Q's products (keep plans)
 tsqr_tree       a tsqr panel's tree (plan/tsqr.tsqr_layout)
 With lookahead, an aggregate's reflectors and aggregate_wy rotate over two buffers (_2), three with Schedule.reach

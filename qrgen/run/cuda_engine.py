@@ -172,11 +172,11 @@ class CudaEngine:
                 self._done(stop)
                 return
         if precision == "tf32x3":
-            parts = self._w_parts(stage, rows, cols, depth, c, side)
+            parts = self._w_parts(stage, rows, cols, depth, c)
             if self.tf32x3_gemm(trans_a, trans_b, rows, cols, depth, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
                                 side, parts, t, stage):
                 if parts > 1:
-                    self._add_parts(c, rows * ldc, parts, sc)
+                    self._add_parts(c, rows * ldc, parts, sc, side)
                 self._done(stop)
                 return
             if t is not None:
@@ -213,10 +213,10 @@ class CudaEngine:
                         self.streams.side.ptr if side else self.stream_ptr)
         return True
 
-    def _w_parts(self, stage, rows, cols, depth, c, side) -> int:
-        """The parts a projection into "w" splits its K into (run/buffers.w_parts: few matrices, no lookahead), at
-        most as many as the workspace holds; 1 for every other product."""
-        if stage != "project" or side or c[0] != "w" or self.ws.w_parts == 1:
+    def _w_parts(self, stage, rows, cols, depth, c) -> int:
+        """The parts a projection into "w" splits its K into (run/buffers.w_parts: few matrices, no lookahead; on the
+        side stream a t_late aggregate's V^T C), at most as many as the workspace holds; 1 for every other product."""
+        if stage != "project" or c[0] != "w" or self.ws.w_parts == 1:
             return 1
         return min(self.ws.w_parts, tf32x3.project_parts(rows, cols, depth, self.nb, self.ws.sms))
 

@@ -135,7 +135,7 @@ def drive(fac, engine) -> None:
         t_stride = a * a if L.t_out else sizes.gram  # T's floats a matrix in "tmat": the panel's, or the T kernel's
         fuse_t = (i in fac.plan.t_fused and engine.nb <= tf32x3.GRID_YZ  # the projection applies T: no (VT)^T
                   and tf32x3.t_fills(a, agg.nc, rows, engine.nb, engine.sms))
-        late = i in fac.plan.t_late  # Y = V^T C on the side stream while G and T form (never t_fused: not tf32x3)
+        late = i in fac.plan.t_late  # Y = V^T C on the side stream while G and T form (never t_fused: the plan's rule)
         if late:
             engine.fork()
         if not L.t_out:
@@ -146,14 +146,15 @@ def drive(fac, engine) -> None:
             products(vt_at, rows, vbs, vt_at, rows, vbs, a, rows, agg.a0 * n + agg.a1, agg.nc, "w", prec.project,
                      prec.update, t=("tmat", 0, a, t_stride))
             continue
-        if late:  # Y into the (VT)^T buffer, then W = T^T Y (T^T lower triangular: the merge's kernel) and C -= V W
+        if late:  # Y into W's buffer (its K in parts as W's), then W = T^T Y (T^T lower triangular: the merge's
+            # kernel) into the (VT)^T buffer, and C -= V W
             c, nc = ("h", agg.a0 * n + agg.a1), agg.nc
-            engine.gemm("project", False, False, a, nc, rows, 1.0, vt_at, rows, vbs, c, n, m * n, 0.0, zg_at, nc,
-                        zg_bs, prec.project, side=True)
+            engine.gemm("project", False, False, a, nc, rows, 1.0, vt_at, rows, vbs, c, n, m * n, 0.0, ("w", 0), nc,
+                        sizes.w, prec.project, side=True)
             engine.join()
-            engine.gemm("aggregate", True, False, a, nc, a, 1.0, ("tmat", 0), a, t_stride, zg_at, nc, zg_bs, 0.0,
-                        ("w", 0), nc, sizes.w, "tf32x3" if merge3 else "fp32")
-            engine.gemm("update", True, False, rows, nc, a, -1.0, vt_at, rows, vbs, ("w", 0), nc, sizes.w, 1.0, c, n,
+            engine.gemm("aggregate", True, False, a, nc, a, 1.0, ("tmat", 0), a, t_stride, ("w", 0), nc, sizes.w, 0.0,
+                        zg_at, nc, zg_bs, "tf32x3" if merge3 else "fp32")
+            engine.gemm("update", True, False, rows, nc, a, -1.0, vt_at, rows, vbs, zg_at, nc, zg_bs, 1.0, c, n,
                         m * n, prec.update)
             continue
         engine.gemm("aggregate", True, False, a, rows, a, 1.0, ("tmat", 0), a, t_stride, vt_at, rows, vbs,

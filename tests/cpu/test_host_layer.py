@@ -381,13 +381,15 @@ def test_qr_on_the_cpu(case):
     assert np.abs(np.swapaxes(q, 1, 2).astype(np.float64) @ q - np.eye(n)).max() <= 10 * n * eps
 
 
-def test_t_late_aggregates_apply_t_by_the_merge_kernel_on_the_cpu(monkeypatch):
-    """Aggregates whose fp32 projections run beside G and T (planner.t_late): W = T^T (V^T C) by the merge kernel,
-    A = T, B = V^T C of the aggregate's nc columns (never (VT)^T: B of its rows); the gates with twice the margin."""
+@pytest.mark.parametrize("project", ["fp32", "tf32x3"])
+def test_t_late_aggregates_apply_t_by_the_merge_kernel_on_the_cpu(project, monkeypatch):
+    """Aggregates whose projections (fp32 by cuBLAS, or the tf32x3 kernels' with K in parts on the side stream) run
+    beside G and T (planner.t_late): W = T^T (V^T C) by the merge kernel, A = T, B = V^T C of the aggregate's nc
+    columns (never (VT)^T: B of its rows); the gates with twice the margin."""
     from qrgen.plan import tf32x3
 
     schedule = Schedule(352, 352, (Panel(96, "cols", 384, 2, 4, cluster=True),) * 3
-                        + (Panel(64, "cols", 256, 2, 4, cluster=True),), Precision("fp32", "fp32", "tf32x3"),
+                        + (Panel(64, "cols", 256, 2, 4, cluster=True),), Precision("fp32", project, "tf32x3"),
                         aggregate=96)
     merges, route = [], tf32x3.route
 
@@ -551,9 +553,11 @@ def test_the_host_layer_replaces_only_the_dialect_and_feature_headers():
 def test_aggregates_projections_apply_t_on_the_cpu(aggregate, monkeypatch):
     """tf32x3.t_fused: an aggregate's projection W = T^T (V^T C) by a _t kernel (its epilogue applies T: 64-row tiles
     for 64 reflectors, 128-row tiles for 96), no (VT)^T formed; R within rounding of the same schedule with (VT)^T
-    formed, every stress family within the gates."""
-    from qrgen.plan import tf32x3
+    formed, every stress family within the gates. (The plan takes them where the aggregate's panel formed T, t_out;
+    here rows panels, quicker on the CPU, with planner.t_late off, which would project beside G and T instead.)"""
+    from qrgen.plan import planner, tf32x3
 
+    monkeypatch.setattr(planner, "t_late", lambda *args, **kwargs: False)
     schedule = Schedule(384, 320, (Panel(32, "rows", 256),) * 10, Precision("fp32", "tf32x3", "tf32x3"),
                         aggregate=aggregate)
     fac = host_engine.CpuFactorizer(schedule, target=TARGET)

@@ -109,9 +109,11 @@ def test_fused_panel_products():
 def test_fused_aggregate_products(m, n, aggregate, lookahead, monkeypatch):
     """aggregate_update "fused": each aggregate's W = (VT)^T C and C -= V W as one apply3 launch where its shared
     memory holds the aggregate's rows (the two tf32x3 GEMMs elsewhere), h and tau bit for bit the two-GEMM
-    schedule's with (VT)^T formed (the same products, W rounded to fp32 between; T not applied by the projection:
-    tf32x3.t_fused off); saved and loaded with the schedule; refused without aggregates or tf32x3 products."""
+    schedule's with (VT)^T formed (the same products, W rounded to fp32 between; T applied neither by the projection
+    nor after it: tf32x3.t_fused and planner.t_late off); saved and loaded with the schedule; refused without
+    aggregates or tf32x3 products."""
     monkeypatch.setattr(tf32x3, "t_fused", lambda *args, **kwargs: False)
+    monkeypatch.setattr(planner, "t_late", lambda *args, **kwargs: False)
     gemm = _uniform(m, n, 32, aggregate=aggregate, precision=Precision("fp32", "tf32x3", "tf32x3"),
                     lookahead=lookahead)
     if m > 1024:  # the default's panels (lanes on clusters)
@@ -160,24 +162,34 @@ def test_aggregates_do_rank_a_updates():
     assert sum(1 for e in log if e[0] == "tmat") == 1 and ("zero", "reflectors") in log
 
 
-def test_t_late_aggregates():
-    """Where the projection is not tf32x3 and one stream runs the merges (no lookahead), an aggregate with columns
-    right of it forks: G and T on the main stream, V^T C on the side stream into the (VT)^T buffer, then the join,
-    W = T^T (V^T C) and the update (planner.t_late); none where the projection applies T (tf32x3), with lookahead,
-    apply3 or in keep plans."""
-    schedule = _uniform(256, 320, 32, aggregate=64, precision=Precision("fp32", "tf32", "tf32x3"), variant="cols")
-    _, _, log = numpy_engine.geqrf(stress("random", 256, 320, 2, seed=4), schedule)
+@pytest.mark.parametrize("project", ["tf32", "tf32x3"])
+def test_t_late_aggregates(project):
+    """Where one stream runs the merges (no lookahead), an aggregate with columns right of it whose panel does not
+    form its T forks: G and T on the main stream, V^T C on the side stream into the (VT)^T buffer, then the join,
+    W = T^T (V^T C) and the update (planner.t_late); a tf32x3 projection (which then does not apply T itself: not
+    t_fused) only where fewer columns than rows lie right of the aggregate; none with lookahead, apply3, in keep
+    plans, or where the panel formed T (t_out)."""
+    m, n = (256, 320) if project == "tf32" else (320, 256)
+    schedule = _uniform(m, n, 32, aggregate=64, precision=Precision("fp32", project, "tf32x3"), variant="cols")
+    _, _, log = numpy_engine.geqrf(stress("random", m, n, 2, seed=4), schedule)
     merges = [i for i, e in enumerate(log) if e[0] == "fork"]
-    assert len(merges) == 4 and plan(schedule).t_late == (0, 1, 2, 3)  # the last aggregate has 64 columns right of it
+    # every aggregate with columns right of it (256 x 320: the last has 64)
+    assert plan(schedule).t_late == ((0, 1, 2, 3) if project == "tf32" else (0, 1, 2)) and plan(schedule).t_fused == ()
+    assert len(merges) == len(plan(schedule).t_late)
     for i in merges:
         assert log[i + 1:i + 7] == [("gemm", "gram", "tf32x3", "cublas"), ("tmat", log[i + 2][1]),
-                                    ("gemm", "project", "tf32", "cublas", "side"), ("join",),
+                                    ("gemm", "project", project, "cublas", "side"), ("join",),
                                     ("gemm", "aggregate", "tf32x3", "cublas"), ("gemm", "update", "tf32x3", "cublas")]
-    for other in (dataclasses.replace(schedule, precision=Precision("fp32", "tf32x3", "tf32x3")),
-                  dataclasses.replace(schedule, lookahead=2),
+    for other in (dataclasses.replace(schedule, lookahead=2),
                   dataclasses.replace(schedule, precision=Precision("fp32", "tf32x3", "tf32x3"),
                                       aggregate_update="fused")):
         assert plan(other).t_late == ()
+    # as many columns right of each aggregate as rows: the tf32x3 projections apply T (t_fused)
+    wide = _uniform(256, 320, 32, aggregate=64, precision=Precision("fp32", "tf32x3", "tf32x3"), variant="cols")
+    assert plan(wide).t_late == () and plan(wide).t_fused == (0, 1, 2, 3)
+    # one cols panel an aggregate on one block forms its T: its tf32x3 projection applies it (t_fused), no fork
+    own = Schedule(256, 320, (Panel(64, "cols", 256, 1, 8),) * 4, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
+    assert plan(own).t_late == () and plan(own).t_fused == (0, 1, 2, 3)
     assert plan(schedule, keep=True).t_late == ()
     for s in SCHEDULES:  # disjoint: sequence.drive and bench take a t_late aggregate as never t_fused
         assert not set(plan(s).t_late) & set(plan(s).t_fused), _id(s)

@@ -216,26 +216,25 @@ TF32X3_PANELS = tuple(Panel(32, "rows", 64) for _ in range(8))
 def test_tf32x3_products_plan_and_render():
     """A schedule whose products are tf32x3 brings the tf32x3 kernels (only the stages that ask); an fp32 Gram
     matrix of aggregates brings the gram kernel whatever the products (G in tf32x3 where an update in tf32x3 takes
-    the merge, whose (VT)^T the merge kernel forms, or in parts for few matrices: run/buffers.gram_parts). An aggregate's tf32x3 projection applies its
-    T (tf32x3.t_fused: the _t kernels, 128-row tiles past 64 rows), except in qr's keep plans and beside a
-    lookahead. (Their compilation: tests/compile.)"""
+    the merge, whose (VT)^T the merge kernel forms, or in parts for few matrices: run/buffers.gram_parts). An
+    aggregate whose panels do not form its T projects beside G and T (planner.t_late: the plain projections); one
+    whose panel forms it (t_out) has its tf32x3 projection apply it (tf32x3.t_fused: the _t kernels, 128-row tiles
+    past 64 rows); neither in qr's keep plans nor beside a lookahead. (Their compilation: tests/compile.)"""
     names = {}
     for project, update in (("fp32", "fp32"), ("tf32x3", "fp32"), ("tf32x3", "tf32x3")):
         schedule = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", project, update), aggregate=128)
         names[update] = [k.name for k in plan(schedule).kernels if k.variant == "tf32x3"]
+        assert plan(schedule).t_fused == () and plan(schedule).t_late == (0,)
         if project == "fp32":
-            assert names[update] == ["qr_tf32x3_gram"] and plan(schedule).t_fused == ()
-        if update == "fp32" and project == "tf32x3":  # (and both plain projection tiles: tf32x3.t_fills)
-            assert names[update] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_gram",
-                                     "qr_tf32x3_project_t"] and plan(schedule).t_fused == (0,)
+            assert names[update] == ["qr_tf32x3_gram"]
+        if update == "fp32" and project == "tf32x3":  # (both projection tiles: tf32x3.project_kinds)
+            assert names[update] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_gram"]
     assert names["tf32x3"] == ["qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge",
-                               "qr_tf32x3_gram", "qr_tf32x3_project_t"]
+                               "qr_tf32x3_gram"]
     # qr's keep plan and a lookahead: (VT)^T formed, both projection tiles (project_kind)
     ahead = dataclasses.replace(schedule, lookahead=1)
     for p in (plan(schedule, keep=True), plan(ahead)):
-        assert [k.name for k in p.kernels if k.variant == "tf32x3"] == [
-            "qr_tf32x3_project", "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram"
-        ] and p.t_fused == ()
+        assert [k.name for k in p.kernels if k.variant == "tf32x3"] == names["tf32x3"] and p.t_fused == p.t_late == ()
     # one aggregate over every column: nothing right of it to project, so no projection kernel, and no merge but for
     # qr (the gram kernel in keep plans)
     one = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=256)
@@ -243,11 +242,17 @@ def test_tf32x3_products_plan_and_render():
     assert {"qr_tf32x3_gram", "qr_tf32x3_merge"} <= {k.name for k in plan(one, keep=True).kernels}
     # aggregates of 64: their projections on the 64-row tiles (tf32x3.project_kind), the 128-row kernel not built
     by64 = Schedule(256, 256, TF32X3_PANELS, Precision("fp32", "tf32x3", "tf32x3"), aggregate=64)
-    assert [k.name for k in plan(by64).kernels if k.variant == "tf32x3"] == [
-        "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram", "qr_tf32x3_project64_t"]
-    assert [k.name for k in plan(by64, keep=True).kernels if k.variant == "tf32x3"] == [
-        "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram"]
-    items = dict((r.name, r.source) for s in (schedule, by64, ahead) for r in render_all(s, SM90)
+    for p in (plan(by64), plan(by64, keep=True)):
+        assert [k.name for k in p.kernels if k.variant == "tf32x3"] == [
+            "qr_tf32x3_project64", "qr_tf32x3_update", "qr_tf32x3_merge", "qr_tf32x3_gram"]
+    # cols panels on one block, each its aggregate, form their T (t_out): the _t projections, no G or T launched
+    own = {w: Schedule(256, 256, (Panel(w, "cols", 4 * w, 1, 8),) * (256 // w), Precision("fp32", "tf32x3", "tf32x3"),
+                       aggregate=w) for w in (64, 128)}
+    for w, t_kernel in ((64, "qr_tf32x3_project64_t"), (128, "qr_tf32x3_project_t")):
+        p = plan(own[w])
+        assert p.t_late == () and p.t_fused == tuple(range(256 // w - 1)) and all(L.t_out for L in p.launches[:-1])
+        assert t_kernel in [k.name for k in p.kernels] and "qr_tf32x3_gram" not in [k.name for k in p.kernels]
+    items = dict((r.name, r.source) for s in (schedule, by64, *own.values()) for r in render_all(s, SM90)
                  if "tf32x3" in r.name)
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in next(iter(items.values()))
     assert "#define BM 64" in items["qr_tf32x3_project64"] and "#define BM 128" in items["qr_tf32x3_project"]

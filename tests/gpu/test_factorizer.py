@@ -187,7 +187,7 @@ def test_tf32x3_products(m, n, aggregate, lookahead, monkeypatch):
     assert float(cupy.abs(fac(b)[0] - ref(b)[0]).max()) <= 1e-3 * float(cupy.abs(b).max())
 
 
-@pytest.mark.parametrize("m,n,project", [(512, 512, "tf32"), (384, 640, "fp32")])
+@pytest.mark.parametrize("m,n,project", [(512, 512, "tf32"), (384, 640, "fp32"), (352, 352, "tf32x3")])
 def test_t_late(m, n, project, monkeypatch):
     """Aggregates whose projection runs beside G and T on the side stream, then W = T^T (V^T C) (plan t_late: no
     (VT)^T): every stress family passes the gates, eagerly and as a CUDA-graph replay (the two streams captured), and
