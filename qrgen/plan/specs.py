@@ -96,8 +96,9 @@ class Plan:
     aggregates: tuple[Aggregate, ...]
     kept: tuple[Kept, ...]
     keep: bool
-    t_fused: tuple[int, ...] = ()  # the aggregates (indices) whose projections may apply T (tf32x3.t_fused, t_fills)
-    t_late: tuple[int, ...] = ()  # those whose T is applied after their projection, beside G and T (planner.t_late)
+    t_fused: tuple[int, ...] = ()  # the aggregates (indices) whose projections may apply T (tf32x3.t_fused, t_fills;
+    # never a t_late one)
+    t_late: tuple[int, ...] = ()  # the aggregates whose T is applied after their projection, beside G and T (t_late)
 
     def kernel(self, name: str) -> KernelSpec:
         return next(k for k in self.kernels if k.name == name)
