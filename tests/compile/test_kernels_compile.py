@@ -158,8 +158,11 @@ def test_tf32x3_kernels_compile_without_spills(tmp_path, monkeypatch):
     panels = tuple(Panel(32, "rows", 64) for _ in range(8))
     items = {}
     for aggregate in (128, 64):
-        schedule = Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate)
-        items.update((r.name, r.source) for r in render_all(schedule, SM90) if "tf32x3" in r.name)
+        # rows panels (G and T by the merge: project beside them) and cols panels that form T (the _t projections)
+        for schedule in (Schedule(256, 256, panels, Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate),
+                         Schedule(256, 256, (Panel(aggregate, "cols", 4 * aggregate, 1, 8),) * (256 // aggregate),
+                                  Precision("fp32", "tf32x3", "tf32x3"), aggregate=aggregate)):
+            items.update((r.name, r.source) for r in render_all(schedule, SM90) if "tf32x3" in r.name)
     assert sorted(items) == ["qr_tf32x3_gram", "qr_tf32x3_merge", "qr_tf32x3_project", "qr_tf32x3_project64",
                              "qr_tf32x3_project64_t", "qr_tf32x3_project_t", "qr_tf32x3_update"]
     _no_spills(list(items.items()))
