@@ -166,8 +166,8 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
     if schedule.scaled:
         kernels.append(scale.kernel())
     late = tuple(i for i, a in enumerate(aggs) if t_late(schedule, a, launches[a.last].t_out, keep))
-    kinds = set(tf32x3.kinds(schedule, keep, late)) - (set() if merges else {"gram"})
     fused_t = tuple(i for i, a in enumerate(aggs) if a.nc > 0 and i not in late and tf32x3.t_fused(schedule, a, keep))
+    kinds = set(tf32x3.kinds(schedule, keep, fused_t)) - (set() if merges else {"gram"})
     kept = kept_blocks(launches, aggs) if keep else ()
     for block in kept:
         if tf32x3.q_precision(block.width) == "tf32x3":

@@ -208,16 +208,15 @@ def project_kinds(rows: int) -> set[str]:
     return {project_kind(rows), project_kind(rows, 1, 1, 1)}
 
 
-def kinds(schedule, keep: bool = False, late: tuple[int, ...] = ()) -> tuple[str, ...]:
+def kinds(schedule, keep: bool = False, fused: tuple[int, ...] = ()) -> tuple[str, ...]:
     """The kernels a schedule's tf32x3 products can take: "project" and "update" as its precision says, where some
     product is at least MIN in every dimension (an aggregate with columns right of it, or a panel that wide); an
     update in tf32x3 also takes the aggregates' merges ((VT)^T by the merge kernel, and G by the gram kernel where
     their Gram precision is fp32), which qr's keep plans run for the last aggregate too. The gram kernel also serves
     an fp32 G of few matrices, its K split over more blocks (run/buffers.gram_parts), whatever the update. The
-    aggregates whose projections apply T (t_fused; not in keep plans, nor the plan's t_late ones: `late`) take the _t
-    kernels (instead, up to 64 rows)."""
+    aggregates whose projections apply T (`fused`: the plan's Plan.t_fused) take the _t kernels (instead, up to 64
+    rows); without them, every projection the plain ones."""
     p, aggs = schedule.precision, aggregates(schedule)
-    fused = {i for i, a in enumerate(aggs) if a.nc > 0 and i not in late and t_fused(schedule, a, keep)}
     # the projections' rows: each aggregate's width where columns lie right of it (a fused one's past 64 rows too:
     # t_fills may leave it unfused), each panel's that the kernels take
     widths = ({a.a1 - a.a0 for i, a in enumerate(aggs)
