@@ -80,9 +80,8 @@ def space_digest() -> str:
     trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, TSQR_WIDTHS, TSQR_THREADS, TSQR_TILES, CLUSTER_SLOTS_CHOICES, CLUSTERS,
              LANES_SLOTS, COLS_WIDTHS, COLS_TAIL_WIDTHS, COLS_SLICES, COLS_CLUSTERS, COLS_DEALS, LOOPS, WHOLE_THREADS,
-             WHOLE_SLICES,
-             HEAD_SHARES, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES, ALL_FAMILIES,
-             CONSTRAINT]
+             WHOLE_SLICES, HEAD_SHARES, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS,
+             PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
 
