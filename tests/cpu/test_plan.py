@@ -50,7 +50,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     src = first[0].source
     # one kernel
     assert "Do not edit" in src
-    assert "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2, false, false, false>" in src
+    assert "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2, false, false, false, 0>" in src
     lanes_src = render_all(default_schedule(Problem(176, 176, 200)), SM90)[0].source  # past one block per SM: lanes
     assert "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false, 1>" in lanes_src
     rows_src = render_all(default_schedule(Problem(176, 176, 640)), SM90)[0].source  # past two blocks per SM: rows
