@@ -921,7 +921,7 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + P::AT_BARS);
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
-  // a reflector of this block: its 32 lanes arrive; of an earlier block: its push (one arrival and the bytes)
+  // a reflector of this block: its 32 lanes arrive; of another block: its push (one arrival and the bytes)
   for (int c = t; c < NB; c += P::WARPS * 32) mbar_init(bars + c, P::owner(c / S) == g ? 32 : 1);
   P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, b, g, {}, vbs};
   if constexpr (BLOCKS > 1) {
