@@ -552,8 +552,10 @@ struct ColsPanel {
     const int last = min(end, 32 * J + 32);
     for (int c = 32 * J; c < last; ++c) {
       if constexpr (DEFER) {
-        const int q = local(c / S);  // the warp that produced reflector c, if of this block
-        if (c % S == 0 && owner(c / S) == g && ((q ^ warp) & 3) == 0) mbar_wait(bars + min(c + S, NB) - 1, 0);
+        // the warp of this block that produced reflector c, if any (a run of warps: the ranks from this block's first)
+        const int q = Q == WARPS ? c / S - g * WARPS : local(c / S);
+        const bool here = Q == WARPS ? q >= 0 : owner(c / S) == g;
+        if (c % S == 0 && here && ((q ^ warp) & 3) == 0) mbar_wait(bars + min(c + S, NB) - 1, 0);
       }
       consume<J>(c);
       if constexpr (REUSE) {
@@ -922,7 +924,9 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
   // a reflector of this block: its 32 lanes arrive; of another block: its push (one arrival and the bytes)
-  for (int c = t; c < NB; c += P::WARPS * 32) mbar_init(bars + c, P::owner(c / S) == g ? 32 : 1);
+  for (int c = t; c < NB; c += P::WARPS * 32) {
+    mbar_init(bars + c, (P::Q == P::WARPS ? c >= g * P::WARPS * S : P::owner(c / S) == g) ? 32 : 1);
+  }
   P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, b, g, {}, vbs};
   if constexpr (BLOCKS > 1) {
     for (int p = 0; p < BLOCKS; ++p) panel.peer[p] = peer_address(smem, p);
