@@ -51,16 +51,15 @@ COLS_SCHEDULES = [
     Schedule(256, 200, (Panel(64, "cols", 512, 1, 4),) * 3 + (Panel(8, "cols", 64, 1, 4),), aggregate=64),
     # 24 warps: T's last join takes a narrower pair (64 | 32 columns)
     Schedule(256, 160, (Panel(96, "cols", 768, 1, 4), Panel(64, "cols", 512, 1, 4)), aggregate=(96, 64)),
-    # on clusters of 3, 4 and 8 blocks: warps that do not split evenly over the blocks, dealt to them one at a time
-    # (Panel.deal: every block pushes its reflectors into the others) or a run of warps a block, in aggregates; the
-    # whole matrix on three; dealt panels with products of their own, prepared by the block of the last warp (the
-    # middle one of three, in turns of two warps)
-    Schedule(352, 352, (Panel(128, "cols", 352, 3, 4, cluster=True, deal=1),
+    # on clusters of 3, 4 and 8 blocks (each block pushing its reflectors into every later one): warps that do not
+    # split evenly over the blocks, in aggregates; the whole matrix on three; a panel with products of its own on
+    # three, prepared by the last block
+    Schedule(352, 352, (Panel(128, "cols", 352, 3, 4, cluster=True),
                         Panel(128, "cols", 256, 4, 4, cluster=True), Panel(96, "cols", 96, 8, 4, cluster=True)),
              aggregate=128),
     Schedule(176, 176, (Panel(176, "cols", 480, 3, 4, cluster=True),)),
-    Schedule(300, 200, (Panel(64, "cols", 192, 3, 4, cluster=True, deal=2), Panel(64, "cols", 512, 1, 4),
-                        Panel(64, "cols", 256, 2, 4, cluster=True, deal=1), Panel(8, "cols", 128, 1, 2)),
+    Schedule(300, 200, (Panel(64, "cols", 192, 3, 4, cluster=True), Panel(64, "cols", 512, 1, 4),
+                        Panel(64, "cols", 256, 2, 4, cluster=True), Panel(8, "cols", 128, 1, 2)),
              aggregate=128),
     # taller than a block's shared memory holds every reflector of: the later block of the cluster reuses the slots
     # of the earlier block's reflectors; at 1,024 rows consumers stream each reflector from shared memory

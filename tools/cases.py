@@ -24,7 +24,7 @@ from qrgen.problem import parse_case
 from qrgen.run.launch import device_target
 from qrgen.schedule.files import load
 from qrgen.schedule.model import Panel, Precision, Schedule
-from qrgen.schedule.panels import CLUSTER_LANE_SLOTS, cols_panel, one_warp_tail, with_cluster, with_deal, with_loop
+from qrgen.schedule.panels import CLUSTER_LANE_SLOTS, cols_panel, one_warp_tail, with_cluster, with_loop
 from qrgen.targets import Target
 
 # The tools time optimized kernels: a first call compiles them before it runs (qrgen.compile.background)
@@ -99,7 +99,7 @@ def overrides(text: str, fields: dict | None = None) -> dict:
 EDITS = {"aggregate": int, "lookahead": int, "panel_update": str, "reach": flag, "aggregate_update": str,
          "gram": str, "project": str, "update": str, "file": str, "width": int, "one_warp_tail": flag,
          "cluster": int, "slots": int, "every": flag, "whole": int, "threads": int, "loop": flag,
-         "cols_blocks": int, "cols_deal": int}
+         "cols_blocks": int}
 EDITS_HELP = """\
 A variant is FIELD=VALUE pairs separated by commas, applied to the case's schedule in this order:
   file=PATH               a schedule file's schedule (for the same MxN) in place of the case's
@@ -112,8 +112,6 @@ A variant is FIELD=VALUE pairs separated by commas, applied to the case's schedu
   cluster=B[,slots=S][,every=1]   the cluster panels (every=1: also the one-block lanes and rows panels) on
                           clusters of B blocks, lanes panels of about S rows a warp where they fit (with_cluster)
   cols_blocks=B           every cols panel on B blocks a matrix (a cluster where B > 1), its slice kept
-  cols_deal=Q             the warps of every cols panel on a cluster dealt to its blocks in turns of Q (Panel.deal),
-                          where Q divides its warps a block (other panels kept)
   whole=S[,threads=T][,loop=1]    the whole factorization in one kernel a matrix, inner panels of S columns on T
                           threads (256 unless given); fp32, nothing else"""
 
@@ -135,7 +133,7 @@ def edited(schedule: Schedule, edits: dict, target: Target = Target()) -> Schedu
     tail, blocks = edits.pop("one_warp_tail", False), edits.pop("cluster", 0)
     slots, every = edits.pop("slots", CLUSTER_LANE_SLOTS), edits.pop("every", False)
     stages = {k: edits.pop(k) for k in ("gram", "project", "update") if k in edits}
-    width, cols_blocks, cols_deal = edits.pop("width", 0), edits.pop("cols_blocks", 0), edits.pop("cols_deal", 0)
+    width, cols_blocks = edits.pop("width", 0), edits.pop("cols_blocks", 0)
     whole, threads, loop = edits.pop("whole", 0), edits.pop("threads", 256), edits.pop("loop", None)
     if whole:
         return Schedule(m, n, (Panel(min(m, n), "whole", threads, slice=whole, loop=bool(loop)),), Precision())
@@ -147,8 +145,6 @@ def edited(schedule: Schedule, edits: dict, target: Target = Target()) -> Schedu
     if cols_blocks:
         schedule = dataclasses.replace(schedule, panels=tuple(
             cols_panel(p.width, p.slice, cols_blocks) if p.variant == "cols" else p for p in schedule.panels))
-    if cols_deal:
-        schedule = dataclasses.replace(schedule, panels=tuple(with_deal(p, cols_deal) for p in schedule.panels))
     schedule = dataclasses.replace(schedule, precision=dataclasses.replace(schedule.precision, **stages))
     schedule = one_warp_tail(schedule) if tail else schedule
     return with_cluster(schedule, blocks, slots=slots, every=every, target=target) if blocks else schedule

@@ -84,7 +84,7 @@ SPLIT = (
 )
 # latepush: the producer's push into later blocks (from PUSH_START to PUSH_END) becomes a lambda, called after the
 # next column's norm is started (LATE_PUSH), or at once by a warp's last column
-PUSH_START = "    if constexpr (BLOCKS > 1) {\n#pragma unroll\n      for (int p = Q == WARPS ? 1 : 0; p < BLOCKS; ++p) {"
+PUSH_START = "    if constexpr (BLOCKS > 1) {\n#pragma unroll\n      for (int p = 1; p < BLOCKS; ++p) {"
 PUSH_END = "        if (lane == 0) push_peer_at(peer[p], vs, taus + col, f.tau, bars + col);\n      }\n    }\n"
 LATE_PUSH = ("      if (k == I + 1) column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);\n",
              "      if (k == I + 1) {\n        column_norm<(I + 1 < S ? I + 1 : I)>(col + 1, sigma, alpha);\n"
@@ -143,7 +143,7 @@ def instrument(source: str) -> str:
     source = source.replace(CONSUMED, (
         "      consume<J>(c);\n"
         f"      if (lane == 0 && c < {TRACED})\n"
-        f"        qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + rank(g, warp)] = (unsigned)clock();\n"), 1)
+        f"        qr_trace_consumed[(b * {TRACED} + c) * {TRACE_WARPS} + g * WARPS + warp] = (unsigned)clock();\n"), 1)
     i = source.index("template <int M", source.index("struct ColsPanel") - 200)
     return source[:i] + TRACE_BUFFER + source[i:]
 

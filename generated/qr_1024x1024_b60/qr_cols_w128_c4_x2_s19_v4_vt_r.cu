@@ -404,11 +404,10 @@ __device__ __forceinline__ unsigned flag_load(const unsigned* flag) {
 // publishes each to shared memory with one mbarrier per reflector, so a producer never waits for its consumers and
 // no block-wide barrier is needed per column. Every reflector stays in shared memory.
 // With BLOCKS > 1 the warps are spread over the blocks of one cluster (block g owns the columns of warps
-// g*WARPS .. g*WARPS + WARPS - 1, or with DEAL the warps go to the blocks in turns of DEAL): a producer also pushes
-// each reflector and its tau into the shared memory of every other block with warps of later columns (st.async,
-// completing on that block's mbarrier of the reflector), so each SM issues for fewer warps. TRAIL: the panel
-// writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of its own, prepared by the
-// block of the last warp, which then holds every reflector. Without WY each warp writes its
+// g*WARPS .. g*WARPS + WARPS - 1): a producer also pushes each reflector and its tau into every later block's
+// shared memory (st.async, completing on that block's mbarrier of the reflector), so each SM issues for fewer
+// warps. TRAIL: the panel writes V^T for a trailing update; WY: also (VT)^T from G = V^T V and T, for products of
+// its own, prepared by the last block, which then holds every reflector. Without WY each warp writes its
 // reflectors' rows of V^T after its last column, and the panel's aggregate computes T in its merge, unless TOUT: a
 // panel that is its aggregate (one block) also forms G = V^T V, by S x S blocks on the warps done producing, and
 // T from it, into zt, so that its aggregate's merge launches neither.
@@ -419,37 +418,16 @@ constexpr int FULL_SLOTS = 6;
 constexpr int FULL_SLICE = 4;
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
-          bool STREAM, bool REUSE, bool TOUT, int DEAL = 0>
+          bool STREAM, bool REUSE, bool TOUT>
 struct ColsPanel {
   static constexpr int WARPS = cdiv(cdiv(NB, S), BLOCKS);  // warps per block
-  // The panel's warps (by rank: warp w owns columns w*S ..) dealt to the blocks in turns of Q warps: block g owns
-  // ranks g*Q .. g*Q + Q - 1, then (BLOCKS + g)*Q .., so each block keeps consumers of the later columns; Q = WARPS
-  // (DEAL 0): block g owns one run of ranks, g*WARPS ...
-  static constexpr int Q = DEAL > 0 ? DEAL : WARPS;
-  static_assert(WARPS % Q == 0, "a block's warps in whole turns");
-  // the block of rank w, and its warp there; the rank of warp `warp` of block g
-  __device__ __forceinline__ static constexpr int owner(int w) { return Q == WARPS ? w / WARPS : (w / Q) % BLOCKS; }
-  __device__ __forceinline__ static constexpr int local(int w) {
-    return Q == WARPS ? w % WARPS : (w / (Q * BLOCKS)) * Q + w % Q;
-  }
-  __device__ __forceinline__ static constexpr int rank(int g, int warp) {
-    return Q == WARPS ? g * WARPS + warp : ((warp / Q) * BLOCKS + g) * Q + warp % Q;
-  }
-  // the last rank with columns of block p (-1: none): p consumes the reflectors of every rank before it
-  __device__ __forceinline__ static constexpr int last_rank(int p) {
-    int last = -1;
-    for (int w = 0; w < cdiv(NB, S); ++w) last = owner(w) == p ? w : last;
-    return last;
-  }
   static constexpr int RS = SLOTS * 32;  // floats per reflector in shared memory (rows, padded)
-  // G, T and (VT)^T in shared memory, in the block of the last warp with columns (it holds every reflector)
-  static constexpr bool PREP = TRAIL && WY;
+  static constexpr bool PREP = TRAIL && WY;  // G, T and (VT)^T in shared memory and in the last block
   // Reflectors a block holds in shared memory: all of them, or with REUSE (a cluster panel without PREP too tall for
   // that: plan/cols.reuses) only as many as a block owns: the later block first holds the earlier block's (pushed
   // in), then, once every warp of it has applied them, its own in the same slots.
   static constexpr int HELD = REUSE ? WARPS * S : NB;
-  static_assert(!REUSE || (BLOCKS == 2 && !PREP && Q == WARPS),
-                "slots are reused between two blocks, without (VT)^T to prepare, each block's warps one run of ranks");
+  static_assert(!REUSE || (BLOCKS == 2 && !PREP), "slots are reused between two blocks, without (VT)^T to prepare");
   // The block's shared memory, in floats from its start (plan/cols.shared_bytes_of): the held reflectors, every tau,
   // G and T where PREP, then one 8-byte mbarrier per reflector.
   static constexpr int AT_TAUS = HELD * RS;
@@ -552,10 +530,8 @@ struct ColsPanel {
     const int last = min(end, 32 * J + 32);
     for (int c = 32 * J; c < last; ++c) {
       if constexpr (DEFER) {
-        // the warp of this block that produced reflector c, if any (a run of warps: the ranks from this block's first)
-        const int q = Q == WARPS ? c / S - g * WARPS : local(c / S);
-        const bool here = Q == WARPS ? q >= 0 : owner(c / S) == g;
-        if (c % S == 0 && here && ((q ^ warp) & 3) == 0) mbar_wait(bars + min(c + S, NB) - 1, 0);
+        const int q = c / S - g * WARPS;  // the warp of this block that produced reflector c, if any
+        if (c % S == 0 && q >= 0 && ((q ^ warp) & 3) == 0) mbar_wait(bars + min(c + S, NB) - 1, 0);
       }
       consume<J>(c);
       if constexpr (REUSE) {
@@ -593,7 +569,7 @@ struct ColsPanel {
   // reflector to the next holds two reductions, and the other updates issue while their shuffles are in flight.
   template <int I>
   __device__ __forceinline__ void produce() {
-    const int gw = rank(g, warp), col = gw * S + I;
+    const int col = (g * WARPS + warp) * S + I;
     if constexpr (!FULL) {
       if (col >= NB) return;
     }
@@ -610,9 +586,8 @@ struct ColsPanel {
     mbar_arrive_first(bars + col);
     if constexpr (BLOCKS > 1) {
 #pragma unroll
-      for (int p = Q == WARPS ? 1 : 0; p < BLOCKS; ++p) {
-        // to the blocks with later columns, which keep it at its index (slot(col) == col there)
-        if (Q == WARPS ? p <= g : p == g || last_rank(p) <= gw) continue;
+      for (int p = 1; p < BLOCKS; ++p) {
+        if (p <= g) continue;  // a later block keeps the reflector at its index (slot(col) == col here)
         if (lane == 0) mbar_arrive_expect_peer(peer[p], vs, bars + col, RS * 4 + 4);
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
@@ -638,7 +613,7 @@ struct ColsPanel {
   // so that the stores and their row tests are off the column chain.
   __device__ __forceinline__ void write_vt(float* __restrict__ vt, const int own) const {
     for (int k = 0; k < own; ++k) {
-      const int col = rank(g, warp) * S + k;
+      const int col = (g * WARPS + warp) * S + k;
       const float* from = vs + slot(col) * RS;
       float* to = vt + (size_t)b * vbs + (size_t)col * vld;
       for (int r = lane; r < mp; r += 32) to[r] = from[r];  // rolled: the columns are still held in registers
@@ -685,7 +660,7 @@ struct ColsPanel {
   // then this warp's own produced and its columns stored to hb (rows ld floats apart: R on and above the diagonal,
   // V below it) before the closing barrier, while later warps still produce (docs/decisions.md#cols-store-early).
   __device__ __forceinline__ void factor(const int own, float* __restrict__ vt, float* __restrict__ hb, const int ld) {
-    const int gw = rank(g, warp);  // this warp's rank among the panel's warps
+    const int gw = g * WARPS + warp;  // this warp's rank among the panel's warps
     consume_all<0>(own > 0 ? gw * S : 0);
     if constexpr (REUSE) {
       if (g > 0 && own == 0) block_barrier();  // consume_all's barrier, for a warp that applies no reflector
@@ -877,23 +852,19 @@ struct ColsPanel {
 
   __device__ __forceinline__ void run(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau,
                                       float* __restrict__ vt, float* __restrict__ zt) {
-    const int gw = rank(g, warp);
+    const int gw = g * WARPS + warp;
     const float* sb = src + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
     float* hb = h + (size_t)b * M * N + (size_t)c0 * N + c0 + gw * S;
     const int own = min(S, max(0, NB - gw * S));  // columns of this warp: S, fewer in the panel's last, or none
     load(sb, N, own);
     factor(own, vt, hb, N);
     const int t = warp * 32 + lane;
-    if constexpr (Q == WARPS) {  // this block's columns' tau
-      const int tc = g * WARPS * S + t;
-      if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
-    } else if (lane < own) {  // this warp's
-      tau[(size_t)b * K + c0 + gw * S + lane] = taus[gw * S + lane];
-    }
+    const int tc = g * WARPS * S + t;  // this block's columns' tau
+    if (t < WARPS * S && tc < NB) tau[(size_t)b * K + c0 + tc] = taus[tc];
     if constexpr (TOUT) t_out(zt);
 
     if constexpr (PREP) {
-      if (g != owner(cdiv(NB, S) - 1)) return;
+      if (g != BLOCKS - 1) return;
       prepare_t();
       // V^T and (V T)^T for the trailing update, rows over all threads.
       for (int r = t; r < mp; r += WARPS * 32) {
@@ -910,11 +881,11 @@ struct ColsPanel {
 };
 
 template <int M, int N, int K, int SLOTS, int NB, int S, int VEC, int GRAM, bool TRAIL, bool WY, int BLOCKS,
-          bool STREAM, bool REUSE, bool TOUT, int DEAL = 0>
+          bool STREAM, bool REUSE, bool TOUT>
 __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float* __restrict__ h,
                                            float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
                                            int c0, int mp, int vld, long long vbs) {
-  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM, REUSE, TOUT, DEAL>;
+  using P = ColsPanel<M, N, K, SLOTS, NB, S, VEC, GRAM, TRAIL, WY, BLOCKS, STREAM, REUSE, TOUT>;
   QR_DYNAMIC_SHARED(smem);
   float* vs = smem;
   float* taus = smem + P::AT_TAUS;
@@ -923,10 +894,8 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + P::AT_BARS);
   const int t = threadIdx.x;
   const int b = blockIdx.x / BLOCKS, g = blockIdx.x - b * BLOCKS;
-  // a reflector of this block: its 32 lanes arrive; of another block: its push (one arrival and the bytes)
-  for (int c = t; c < NB; c += P::WARPS * 32) {
-    mbar_init(bars + c, (P::Q == P::WARPS ? c >= g * P::WARPS * S : P::owner(c / S) == g) ? 32 : 1);
-  }
+  // a reflector of this block: its 32 lanes arrive; of an earlier block: its push (one arrival and the bytes)
+  for (int c = t; c < NB; c += P::WARPS * 32) mbar_init(bars + c, c < g * P::WARPS * S ? 1 : 32);
   P panel{vs, taus, gram, tmat, bars, c0, mp, vld, t & 31, t >> 5, b, g, {}, vbs};
   if constexpr (BLOCKS > 1) {
     for (int p = 0; p < BLOCKS; ++p) panel.peer[p] = peer_address(smem, p);
@@ -940,6 +909,6 @@ __device__ __forceinline__ void panel_cols(const float* __restrict__ src, float*
 extern "C" __global__ void __launch_bounds__(512, 1) __cluster_dims__(2, 1, 1)
 qr_cols_w128_c4_x2_s19_v4_vt_r(const float* __restrict__ src, float* __restrict__ h, float* __restrict__ tau, float* __restrict__ vt, float* __restrict__ zt,
     float* __restrict__ xch, unsigned* __restrict__ flags, unsigned epoch, int c0, int mp, int vld, long long vbs, int nb) {
-  panel_cols<1024, 1024, 1024, 19, 128, 4, 4, 0, true, false, 2, false, true, false, 0>(
+  panel_cols<1024, 1024, 1024, 19, 128, 4, 4, 0, true, false, 2, false, true, false>(
       src, h, tau, vt, zt, c0, mp, vld, vbs);
 }

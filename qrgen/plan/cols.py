@@ -14,7 +14,6 @@ VARIANT = "cols"
 VT_ONLY = True  # a trail kernel leaves (VT)^T out where no products of its own follow (KernelSpec.vt_only)
 LOOP = False
 CLUSTER = True
-DEAL = True  # Panel.deal: warps dealt to the blocks of a cluster in turns (ColsPanel DEAL)
 BLOCKS = tuple(range(1, 9))  # blocks a matrix (more than one: one cluster, at most the portable 8)
 # registers beside the columns and one reflector: the fewest ptxas fits a panel in under the cap without spilling
 # (tests/compile checks the panels this admits)
@@ -43,11 +42,6 @@ def check(panel) -> None:
     if panel.threads != threads or panel.threads > 1024:
         raise ValueError(f"Panel.threads must be 32 * ceil(ceil(width / slice) / blocks) = {threads} (at most 1024) "
                          f"for variant 'cols', got {panel.threads}")
-    warps = threads // 32
-    if panel.deal and (warps % panel.deal or panel.deal == warps):
-        raise ValueError(f"Panel.deal for a cols panel of {warps} warps a block must divide {warps} and be less (the "
-                         f"warps go to the blocks in turns of that many; 0 gives each block one run of warps); got "
-                         f"deal={panel.deal}")
     if not owns_columns(panel.width, panel.slice, panel.blocks):
         raise ValueError(f"a cols panel of {panel.width} columns with {panel.slice} a warp leaves the last of its "
                          f"{panel.blocks} blocks no columns (it would leave the cluster while the others write to "
@@ -99,19 +93,17 @@ def registers(panel, rows: int) -> int:
     return column_registers(slots(panel, rows), panel.slice, panel.threads)
 
 
-def reuses(width: int, slots_: int, blocks: int, trail: bool, deal: int = 0) -> bool:
+def reuses(width: int, slots_: int, blocks: int, trail: bool) -> bool:
     """Whether the later block of a cluster panel reuses the earlier block's reflector slots (ColsPanel's REUSE):
     only where holding every reflector would not fit the default architecture's shared memory (a barrier in the
-    later block is its price), on clusters of two, each block one run of warps (no deal), without (VT)^T to
-    prepare (trail)."""
-    return (blocks == 2 and not deal and not trail
-            and shared_bytes_of(width, slots_, trail) > _default_limits().shared_bytes)
+    later block is its price), on clusters of two without (VT)^T to prepare (trail)."""
+    return blocks == 2 and not trail and shared_bytes_of(width, slots_, trail) > _default_limits().shared_bytes
 
 
-def held(width: int, slots_: int, slice_: int, blocks: int, trail: bool, deal: int = 0) -> int:
+def held(width: int, slots_: int, slice_: int, blocks: int, trail: bool) -> int:
     """Reflectors a block holds in shared memory: every one, or where it reuses slots (reuses) those of one
     block's warps (ColsPanel::HELD)."""
-    if not reuses(width, slots_, blocks, trail, deal):
+    if not reuses(width, slots_, blocks, trail):
         return width
     return math.ceil(math.ceil(width / slice_) / blocks) * slice_
 
@@ -127,8 +119,7 @@ def shared_bytes_of(width: int, slots_: int, trail: bool, held_: int | None = No
 
 def shared_bytes(panel, rows: int, trail: bool, m: int, n: int, t_out: bool = False) -> int:
     s = slots(panel, rows)
-    return shared_bytes_of(panel.width, s, trail, held(panel.width, s, panel.slice, panel.blocks, trail, panel.deal),
-                           t_out)
+    return shared_bytes_of(panel.width, s, trail, held(panel.width, s, panel.slice, panel.blocks, trail), t_out)
 
 
 spec_shared = shared_bytes
@@ -153,7 +144,7 @@ def features(panel) -> tuple[str, ...]:
 
 
 def spec_reuses(spec) -> bool:
-    return reuses(spec.width, spec.slots, spec.blocks, spec.trail and not spec.vt_only, spec.deal)
+    return reuses(spec.width, spec.slots, spec.blocks, spec.trail and not spec.vt_only)
 
 
 def name(spec) -> str:
@@ -161,12 +152,11 @@ def name(spec) -> str:
               + ("_loop" if spec.loop else "")
               + ("_st" if streams(spec.slots, spec.slice, spec.threads) else "") + ("_r" if spec_reuses(spec) else ""))
     return (f"qr_cols_w{spec.width}_c{spec.slice}{f'_x{spec.blocks}' if spec.cluster else ''}_s{spec.slots}"
-            f"_v{spec.vec}{suffix}" + (f"_d{spec.deal}" if spec.deal else ""))
+            f"_v{spec.vec}{suffix}")
 
 
 def describe(panel) -> str:
-    return (f" slice {panel.slice}" + (f" x{panel.blocks} blocks (cluster)" if panel.cluster else "")
-            + (f", dealt by {panel.deal}" if panel.deal else ""))
+    return f" slice {panel.slice}" + (f" x{panel.blocks} blocks (cluster)" if panel.cluster else "")
 
 
 def resident_blocks(spec) -> int:
@@ -189,5 +179,4 @@ def resident_blocks(spec) -> int:
 
 def render(spec, schedule, target):
     return family.render_panel(spec, schedule, target, resident_blocks(spec),
-                               cols_stream=streams(spec.slots, spec.slice, spec.threads), cols_reuse=spec_reuses(spec),
-                               cols_deal=spec.deal)
+                               cols_stream=streams(spec.slots, spec.slice, spec.threads), cols_reuse=spec_reuses(spec))

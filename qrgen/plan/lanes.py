@@ -18,7 +18,6 @@ VARIANT = "lanes"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True  # Panel.loop: on one warp past 32 columns (LanesWide), the column loop rolled, not unrolled by two
 CLUSTER = True
-DEAL = False  # Panel.deal does not apply
 REG_OVERHEAD = 24
 WIDE_MAX = 64  # columns of a lanes panel on one warp, two a lane (templates/cuda/panel_lanes_wide.cuh) ...
 BLOCK_MAX = 128  # ... and columns (and rows) on a block of a warp for each 32 columns, one a lane (there too)

@@ -134,7 +134,7 @@ def plan(schedule, target: Target = Target(), keep: bool = False) -> Plan:
                           fam.vec(panel, schedule.n, c0), trail, panel.slice,
                           shared(fam.spec_shared, panel, rows, out, schedule), (),
                           panel.cluster, panel.loop, vt_only=out.vt_only,
-                          pack=panel_pack(panel, trail, target), t_out=out.t_out, deal=panel.deal)
+                          pack=panel_pack(panel, trail, target), t_out=out.t_out)
         if keep and spec.shared_bytes > target.limits.shared_bytes and not target.record.families:
             raise ValueError(f"Schedule.panels[{index}] keeps its reflectors for Q with {spec.shared_bytes} bytes of "
                              f"shared memory; the budget is {target.limits.shared_bytes}: no keep plan")

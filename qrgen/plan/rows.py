@@ -11,7 +11,6 @@ VARIANT = "rows"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True  # Panel.loop: the loop over columns need not be unrolled
 CLUSTER = True  # Panel.cluster applies
-DEAL = False  # Panel.deal does not apply
 REG_OVERHEAD = 40  # registers beside the register tile (addresses, loop state, scalars), from ptxas reports
 
 

@@ -26,7 +26,6 @@ class KernelSpec:
     vt_only: bool = False  # trail, but no (VT)^T: no products of its own follow (plan.planner.panel_outputs)
     pack: int = 1  # matrices per block (lanes: a narrow one-warp panel, a segment of the warp a matrix)
     t_out: bool = False  # vt_only, and the panel is its aggregate, whose T it writes (planner.panel_outputs)
-    deal: int = 0  # cols on a cluster: warps a turn of dealing them to the blocks (Panel.deal)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ VARIANT = "tsqr"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
-DEAL = False  # Panel.deal does not apply
 REG_OVERHEAD = 60
 MAX_SLOTS = 8  # the most rows per thread of a tile (slice 0: a rows panel holds slots x width floats a thread)
 # With cols tiles, at most this many rows a tile (32 a lane), and a thread's rows in the other phases at most this

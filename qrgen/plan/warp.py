@@ -9,7 +9,6 @@ VARIANT = "warp"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
-DEAL = False  # Panel.deal does not apply
 REG_OVERHEAD = rows.REG_OVERHEAD
 
 # a rows panel on one warp in all but its checks and features

@@ -13,7 +13,6 @@ VARIANT = "whole"
 VT_ONLY = False  # a trail kernel writes (VT)^T too
 LOOP = True
 CLUSTER = False
-DEAL = False  # Panel.deal does not apply
 REG_OVERHEAD = 48
 SLICES = (4, 8, 16, 32)  # columns per inner panel
 MIN_REGISTERS = 96  # the register cap is at least this, whatever the blocks an SM could hold

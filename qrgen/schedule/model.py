@@ -30,9 +30,7 @@ class Panel:
     rows per tile (tsqr); loop (warp, rows, tsqr, whole): the loop over columns is not unrolled (registers rotate by
     one column per step: small code at about 1.6x the arithmetic, which pays where several blocks share an SM's
     instruction cache); (lanes, past 32 columns on one warp): that kernel's column loop is rolled rather than
-    unrolled by two (a shorter chain for a warp alone on its scheduler, more instructions); deal (cols on a
-    cluster): the panel's warps go to the blocks in turns of this many (block 0 the first `deal`, block 1 the next,
-    and round again), so every block keeps warps of the later columns; 0: each block one run of warps.
+    unrolled by two (a shorter chain for a warp alone on its scheduler, more instructions).
     """
 
     width: int
@@ -43,7 +41,6 @@ class Panel:
     cluster: bool = False
     loop: bool = False
     tile: int = 0
-    deal: int = 0
 
     def __post_init__(self):
         if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1:
@@ -56,12 +53,7 @@ class Panel:
             raise ValueError(f"Panel.cluster must be a bool, got {self.cluster!r}")
         if not isinstance(self.loop, bool):
             raise ValueError(f"Panel.loop must be a bool, got {self.loop!r}")
-        if not isinstance(self.deal, int) or isinstance(self.deal, bool) or self.deal < 0:
-            raise ValueError(f"Panel.deal must be a non-negative integer, got {self.deal!r}")
         fam = panel_family(self.variant)
-        if self.deal and (not fam.DEAL or not self.cluster):
-            raise ValueError(f"Panel.deal applies to variants {DEAL_VARIANTS} on a cluster only; got deal={self.deal} "
-                             f"for {self.variant!r}{' on a cluster' if self.cluster else ' on one block'}")
         fam.check(self)
         if self.cluster and (not fam.CLUSTER or self.blocks < 2):
             raise ValueError(f"Panel.cluster takes variants {CLUSTER_VARIANTS} with 2 or more blocks; got "
@@ -73,8 +65,7 @@ class Panel:
         """The fields that apply to its variant."""
         data = asdict(self)
         for name, applies in (("slice", self.variant in ("cols", "whole") or bool(self.slice)),
-                              ("cluster", self.cluster), ("loop", self.loop), ("tile", self.variant == "tsqr"),
-                              ("deal", self.deal)):
+                              ("cluster", self.cluster), ("loop", self.loop), ("tile", self.variant == "tsqr")):
             if not applies:
                 data.pop(name)
         return data
@@ -82,7 +73,6 @@ class Panel:
 
 LOOP_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).LOOP)
 CLUSTER_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).CLUSTER)
-DEAL_VARIANTS = tuple(v for v in PANEL_VARIANTS if panel_family(v).DEAL)
 
 
 def loop_applies(panel: Panel) -> bool:

@@ -128,15 +128,6 @@ def with_loop(panel: Panel, loop: bool) -> Panel:
     return replace(panel, loop=loop) if loop_applies(panel) else panel
 
 
-def with_deal(panel: Panel, deal: int) -> Panel:
-    """`panel` with Panel.deal set where it takes that deal (a cols panel on a cluster whose warps a block it
-    divides, fewer than all), else as it is."""
-    try:
-        return replace(panel, deal=deal)
-    except ValueError:
-        return panel
-
-
 def one_warp_tail(schedule):
     """`schedule` with every panel of at most ONE_WARP_ROWS rows (and 32 columns) on a lanes panel of one warp, the
     kernel the heuristic gives such a panel: a schedule tuned before that kernel existed may hold such a panel on

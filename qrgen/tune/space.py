@@ -47,7 +47,6 @@ from ..schedule.panels import (
     lanes_panel,
     tsqr_panel,
     wide_lanes_panel,
-    with_deal,
     with_loop,
 )
 from ..targets import Target
@@ -84,8 +83,8 @@ COLS_TAIL_WIDTHS = COLS_WIDTHS[:-1]  # "tall" fits the whole matrix's panels: a 
 
 
 COLS_SLICES = (2, 4, 8)
-COLS_CLUSTERS = (0, 2, 3, 4, 8)  # cols panels: 0 one block a matrix, else its warps on a cluster of that many blocks
-COLS_DEALS = (0, 1, 2)  # ... each block a run of its warps (0), or the warps dealt to them in turns (Panel.deal)
+# cols panels: 0 one block a matrix, else its warps on a cluster of that many blocks (docs/decisions.md#cols-clusters)
+COLS_CLUSTERS = (0, 2, 4)
 
 
 LOOPS = (False, True)  # Panel.loop of the warp and rows panels
@@ -144,11 +143,6 @@ DEFAULT_PARAMS = {"family": "rows", "head_share": 1.0, "rows_head": "auto", "clu
                   "gram": "fp32", "project": "fp32", "update": "fp32", "panel_update": "cublas", "loop": False}
 
 
-def _deal(panel: Panel) -> dict:
-    """A cols point's cols_deal (sampled where its panels are on clusters): its head panel's Panel.deal."""
-    return {"cols_deal": panel.deal} if panel.cluster else {}
-
-
 def default_params(problem: Problem, clustered: bool = True) -> dict:
     """The point of the space that is the default heuristic (schedule.default_schedule): the tuner's first trial.
     clustered=False: the heuristic without clusters (and without one kernel a matrix: default_whole, default_cols)."""
@@ -164,19 +158,18 @@ def default_params(problem: Problem, clustered: bool = True) -> dict:
     cols = default_cols(problem) if clustered else None
     if cols is not None:
         return {**base, "family": "cols", "cols_head": "all", "slice": cols.slice,
-                "cols_cluster": cols.blocks if cols.cluster else 0, **_deal(cols)}
+                "cols_cluster": cols.blocks if cols.cluster else 0}
     aggregated = default_cols_aggregates(problem) if clustered else None
     if aggregated is not None:
         head = aggregated.panels[0]
         return {**base, "family": "cols", "cols_head": head.width, "slice": head.slice,
-                "cols_cluster": head.blocks if head.cluster else 0, **_deal(head), "aggregate": aggregated.aggregate,
-                "lookahead": 0,
+                "cols_cluster": head.blocks if head.cluster else 0, "aggregate": aggregated.aggregate, "lookahead": 0,
                 **precision_params(dataclasses.asdict(aggregated.precision))}
     tall = default_cols_tall(problem) if clustered else None
     if tall is not None:
         head = tall.panels[0]
         return {**base, "family": "cols", "cols_head": "tall", "slice": head.slice, "cols_cluster": head.blocks,
-                **_deal(head), "aggregate": 0, **precision_params(dataclasses.asdict(tall.precision))}
+                "aggregate": 0, **precision_params(dataclasses.asdict(tall.precision))}
     c = default_choices(problem, clustered)
     params = {**DEFAULT_PARAMS, "aggregate": c.aggregate, "panel_update": c.panel_update, "cluster": c.cluster,
               "loop": c.loop, **({"lookahead": c.lookahead} if c.aggregate else {}),
@@ -244,8 +237,7 @@ def schedule_from_params(problem: Problem, params: dict, target: Target = Target
             if params[f"cols_{phase}"] == "tall":  # a point from before COLS_TAIL_WIDTHS
                 raise ValueError("cols panels take \"tall\" for the head only (every panel of the matrix fitted)")
             width = remaining if params[f"cols_{phase}"] == "all" else min(params[f"cols_{phase}"], remaining)
-            panel = with_deal(cols_panel(width, params["slice"], params.get("cols_cluster", 0) or 1),
-                              params.get("cols_deal", 0))
+            panel = cols_panel(width, params["slice"], params.get("cols_cluster", 0) or 1)
         else:
             raise ValueError(f"family must be one of {ALL_FAMILIES}, got {family!r}")
         panels.append(with_loop(panel, params.get("loop", False)))
@@ -280,8 +272,6 @@ def sample(trial, problem: Problem, families: tuple[str, ...] = FAMILIES) -> dic
     if params["family"] == "cols":
         params["slice"] = trial.suggest_categorical("slice", COLS_SLICES)
         params["cols_cluster"] = trial.suggest_categorical("cols_cluster", COLS_CLUSTERS)
-        if params["cols_cluster"]:
-            params["cols_deal"] = trial.suggest_categorical("cols_deal", COLS_DEALS)
     if params["family"] == "rows":
         params["cluster"] = trial.suggest_categorical("cluster", CLUSTERS)
         if params["cluster"]:

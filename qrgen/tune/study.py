@@ -17,7 +17,6 @@ from .space import (
     CLUSTER_SLOTS_CHOICES,
     CLUSTERS,
     COLS_CLUSTERS,
-    COLS_DEALS,
     COLS_SLICES,
     COLS_TAIL_WIDTHS,
     COLS_WIDTHS,
@@ -79,9 +78,9 @@ def space_digest() -> str:
     it too: studies from before inaccurate trials were kept as infeasible hold them as failures, and their complete
     trials carry no constraint values (the sampler would rank them below every new one)."""
     space = [ROWS_WIDTHS, LANES_WIDTHS, TSQR_WIDTHS, TSQR_THREADS, TSQR_TILES, CLUSTER_SLOTS_CHOICES, CLUSTERS,
-             LANES_SLOTS, COLS_WIDTHS, COLS_TAIL_WIDTHS, COLS_SLICES, COLS_CLUSTERS, COLS_DEALS, LOOPS, WHOLE_THREADS,
-             WHOLE_SLICES, HEAD_SHARES, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS,
-             PANEL_UPDATES, ALL_FAMILIES, CONSTRAINT]
+             LANES_SLOTS, COLS_WIDTHS, COLS_TAIL_WIDTHS, COLS_SLICES, COLS_CLUSTERS, LOOPS, WHOLE_THREADS,
+             WHOLE_SLICES, HEAD_SHARES, AGGREGATES, LOOKAHEADS, REACHES, PRECISIONS, PRODUCT_PRECISIONS, PANEL_UPDATES,
+             ALL_FAMILIES, CONSTRAINT]
     return hashlib.sha256(repr(space).encode()).hexdigest()[:8]
 
 

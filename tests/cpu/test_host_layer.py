@@ -204,7 +204,7 @@ def test_the_schedules_picked_for_other_archs_pass_the_gates_on_the_cpu(arch):
 # kernels whose warps or blocks wait for each other: in drawn turn orders (warps sitting out rounds), where a wait
 # or barrier a kernel lacked would show (a cooperative panel's flag arriving twice does)
 DRAWN = {"cols_176x176": COLS_SCHEDULES[0], "cols_cluster_352x352": COLS_SCHEDULES[6],
-         "cols_clusters_3_4_8_352x352": COLS_SCHEDULES[11], "cols_dealt_prep_300x200": COLS_SCHEDULES[13],
+         "cols_clusters_3_4_8_352x352": COLS_SCHEDULES[11], "cols_cluster_3_prep_300x200": COLS_SCHEDULES[13],
          "lanes_cluster_2048x96": LANES_SCHEDULES[10], "lanes_block_160x160": LANES_SCHEDULES[17],
          "rows_cooperative_2048x64": OTHER_SCHEDULES["rows_cooperative_2048x64"],
          "rows_cluster_1024x64": OTHER_SCHEDULES["rows_cluster_1024x64"],
@@ -358,7 +358,7 @@ QR_CASES = {
     "keep_lanes_300x200": (LANES_SCHEDULES[3], "keep"),
     "keep_cols_t_out_192x192": (COLS_SCHEDULES[8], "keep"),  # panels that form their aggregate's T
     "keep_cols_clusters_300x200": (COLS_SCHEDULES[7], "keep"),
-    "keep_cols_dealt_300x200": (COLS_SCHEDULES[13], "keep"),  # dealt warps on clusters of 3 and 2
+    "keep_cols_cluster_3_300x200": (COLS_SCHEDULES[13], "keep"),  # clusters of 3 and 2
     "keep_cols_tall_736x224": (COLS_SCHEDULES[-1], "keep"),  # slot reuse, aggregates of (96, 128)
     "h_tau_1000x64x64": (find(Problem(64, 64, 1000), TARGET)[0], "h_tau"),
 }

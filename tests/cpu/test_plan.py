@@ -50,7 +50,7 @@ def test_render_is_deterministic_and_constants_are_in_the_source():
     src = first[0].source
     # one kernel
     assert "Do not edit" in src
-    assert "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2, false, false, false, 0>" in src
+    assert "panel_cols<176, 176, 176, 6, 176, 4, 4, 0, false, false, 2, false, false, false>" in src
     lanes_src = render_all(default_schedule(Problem(176, 176, 200)), SM90)[0].source  # past one block per SM: lanes
     assert "panel_lanes<176, 176, 176, 8, 32, 704, true, 1, false, false, 1>" in lanes_src
     rows_src = render_all(default_schedule(Problem(176, 176, 640)), SM90)[0].source  # past two blocks per SM: rows
@@ -191,47 +191,33 @@ def test_cols_cluster_whose_last_block_owns_no_columns_is_refused(width, slice_)
     assert cols_panel(width + slice_, slice_, 2).blocks == 2
 
 
-def test_cols_panels_on_clusters_of_up_to_eight_blocks_and_dealt_warps():
-    """A cols panel takes clusters of 2 to 8 blocks (the portable most), its warps a run a block or dealt to the
-    blocks in turns (Panel.deal: a divisor of the warps a block, less than all of them; cols on a cluster only),
-    named in its kernel (_d) and its description, kept in its schedule file only where set; a tall dealt panel
-    does not reuse reflector slots (that needs each block's warps in one run), so one too tall for the shared
-    memory is refused; the kernel of a dealt panel with products of its own has the block of the last warp
-    prepare them."""
+def test_cols_panels_on_clusters_of_up_to_eight_blocks():
+    """A cols panel takes clusters of 2 to 8 blocks (the portable most), each block a run of warps, named in its
+    kernel and its description; a panel with products of its own has the last block (which holds every reflector)
+    prepare them; only clusters of two reuse reflector slots, so a tall panel on more blocks is refused for its
+    shared memory."""
     from kernel_cases import COLS_SCHEDULES
+    from qrgen.schedule.panels import cols_panel
 
     assert Panel(128, "cols", 256, 8, 2, cluster=True).blocks == 8
     with pytest.raises(ValueError, match="2 to 8 blocks with cluster=True; got blocks=9"):
         Panel(128, "cols", 32, 9, 4, cluster=True)
-    dealt = Panel(128, "cols", 352, 3, 4, cluster=True, deal=1)
-    for bad, words in [(lambda: Panel(128, "cols", 512, 2, 4, cluster=True, deal=3), "must divide 16"),
-                       (lambda: Panel(128, "cols", 512, 2, 4, cluster=True, deal=16), "must divide 16 and be less"),
-                       (lambda: Panel(128, "cols", 512, 1, 4, deal=2), "on a cluster only; got deal=2 for 'cols' on "
-                                                                       "one block"),
-                       (lambda: Panel(32, "lanes", 256, 8, cluster=True, deal=1), "applies to variants \\('cols',\\)"),
-                       (lambda: Panel(128, "cols", 352, 3, 4, cluster=True, deal=-1), "non-negative integer"),
-                       (lambda: Panel(128, "cols", 352, 3, 4, cluster=True, deal=True), "non-negative integer")]:
-        with pytest.raises(ValueError, match=words):
-            bad()
     schedule = COLS_SCHEDULES[11]
-    assert schedule.panels[0] == dealt
-    assert "dealt by 1" in schedule.describe() and "x8 blocks (cluster)" in schedule.describe()
+    assert "x3 blocks (cluster)" in schedule.describe() and "x8 blocks (cluster)" in schedule.describe()
     assert Schedule.from_json(json.loads(json.dumps(schedule.to_json()))) == schedule
-    assert [("deal" in p) for p in schedule.to_json()["panels"]] == [True, False, False]
     p = plan(schedule)
     assert [k.name for k in p.kernels if k.variant == "cols"] == [
-        "qr_cols_w128_c4_x3_s11_v4_vt_d1", "qr_cols_w128_c4_x4_s7_v4_vt", "qr_cols_w96_c4_x8_s3_v4"]
+        "qr_cols_w128_c4_x3_s11_v4_vt", "qr_cols_w128_c4_x4_s7_v4_vt", "qr_cols_w96_c4_x8_s3_v4"]
     assert [L.blocks for L in p.launches] == [3, 4, 8] and all(L.cluster for L in p.launches)
-    source = render(p.kernels[0], schedule, SM90).source
-    assert "__cluster_dims__(3, 1, 1)" in source and "false, false, false, 1>(" in source
-    prep = COLS_SCHEDULES[13]  # the first panel dealt by 2 on 3 blocks, with products of its own
+    assert "__cluster_dims__(3, 1, 1)" in render(p.kernels[0], schedule, SM90).source
+    prep = COLS_SCHEDULES[13]  # the first panel on 3 blocks, with products of its own
     kernel = plan(prep).kernels[0]
-    assert (kernel.name, kernel.trail, kernel.vt_only) == ("qr_cols_w64_c4_x3_s10_v4_trail_d2", True, False)
-    assert "if (g != owner(cdiv(NB, S) - 1)) return;" in render(kernel, prep, SM90).source
+    assert (kernel.name, kernel.trail, kernel.vt_only) == ("qr_cols_w64_c4_x3_s10_v4_trail", True, False)
+    assert "if (g != BLOCKS - 1) return;" in render(kernel, prep, SM90).source
     tall = COLS_SCHEDULES[-2]  # 1024 rows: the later block reuses the earlier one's slots
     assert "_r" in plan(tall).kernels[0].name
     with pytest.raises(ValueError, match="shared memory"):
-        check(dataclasses.replace(tall, panels=tuple(dataclasses.replace(q, deal=4) for q in tall.panels)), SM90)
+        check(dataclasses.replace(tall, panels=tuple(cols_panel(q.width, q.slice, 3) for q in tall.panels)), SM90)
 
 
 def test_cols_shared_memory_budget_is_checked():

@@ -525,7 +525,7 @@ def test_study_name_follows_the_search_space(monkeypatch):
     problem = Problem(32, 32, 20)
     name = study_name(problem, Target(), "GPU")
     assert name == study_name(problem, Target(), "GPU") and "(space " in name
-    for choices, more in (("LANES_SLOTS", 96), ("COLS_CLUSTERS", 6), ("COLS_DEALS", 4)):
+    for choices, more in (("LANES_SLOTS", 96), ("COLS_CLUSTERS", 8)):
         with monkeypatch.context() as patch:
             for module in (space, study):  # the space's choices, where the sampler and the study's digest read them
                 patch.setattr(module, choices, getattr(space, choices) + (more,))

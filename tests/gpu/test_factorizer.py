@@ -26,10 +26,9 @@ SM90 = Target("cuda", "sm_90")
 @pytest.mark.parametrize("variant,index", [("cols", i) for i in range(len(COLS_SCHEDULES))]
                          + [("lanes", i) for i in range(len(LANES_SCHEDULES))])
 def test_block_variants_every_family(variant, index):
-    """The cols panel kernel (warps own column slices, mbarrier per reflector; on one block or clusters of 2 to 8,
-    a run of warps a block or dealt to the blocks) and the lanes panel kernel (lane c owns column c, warps own row
-    ranges; on clusters of 8, 4, 2 and 16 blocks, one on one warp with its loop over columns unrolled) through
-    explicit schedules."""
+    """The cols panel kernel (warps own column slices, mbarrier per reflector; on one block or clusters of 2 to 8)
+    and the lanes panel kernel (lane c owns column c, warps own row ranges; on clusters of 8, 4, 2 and 16 blocks, one
+    on one warp with its loop over columns unrolled) through explicit schedules."""
     import cupy
 
     schedule = (COLS_SCHEDULES if variant == "cols" else LANES_SCHEDULES)[index]
