@@ -167,8 +167,8 @@ def test_t_late_aggregates(project):
     """Where one stream runs the merges (no lookahead), an aggregate with columns right of it whose panel does not
     form its T forks: G and T on the main stream, V^T C on the side stream into W's buffer, then the join,
     W = T^T (V^T C) into the (VT)^T buffer and the update (planner.t_late); a tf32x3 projection (which then does
-    not apply T itself: not t_fused) only where fewer columns than rows lie right of the aggregate; none with lookahead, apply3, in keep
-    plans, or where the panel formed T (t_out)."""
+    not apply T itself: not t_fused) only where fewer columns than rows lie right of the aggregate; none with
+    lookahead, apply3, in keep plans, or where the panel formed T (t_out)."""
     m, n = (256, 320) if project == "tf32" else (320, 256)
     schedule = _uniform(m, n, 32, aggregate=64, precision=Precision("fp32", project, "tf32x3"), variant="cols")
     _, _, log = numpy_engine.geqrf(stress("random", m, n, 2, seed=4), schedule)
